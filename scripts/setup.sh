@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv with specserve and its dev tools. Idempotent; safe to run on every command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# torch is pinned in pyproject (torch==2.13.0); on a CPU machine pip takes the CPU wheel.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]" 2>&1 \
+  | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import specserve, torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

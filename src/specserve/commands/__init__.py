@@ -1,0 +1,1 @@
+"""One module per ``specserve`` subcommand; each defines ``register(subparsers)``."""

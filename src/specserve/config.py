@@ -1,0 +1,147 @@
+"""Engine-side configuration: frozen dataclasses, validated in ``__post_init__``.
+
+Each component receives only the sub-config it needs. Boundary inputs (HTTP bodies, CLI,
+bench/tune specs) are pydantic models elsewhere and are converted into these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DType = Literal["float32", "bfloat16", "float16"]
+WeightFormat = Literal["fp32", "bf16", "int8", "int4"]
+SpecMethod = Literal["none", "draft", "ngram", "suffix"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and how.
+
+    Attributes:
+        model: catalog name, local HF directory, local ``.gguf`` file or HF repo id.
+        dtype: compute dtype of activations and (for fp32/bf16 formats) weights.
+        device: torch device string (``cpu``, ``cuda``, ``cuda:1``).
+        max_model_len: context limit in tokens; None takes the model's own limit.
+        weights: storage format of linear weights (``int8``/``int4`` are weight-only).
+    """
+
+    model: str
+    dtype: DType = "float32"
+    device: str = "cpu"
+    max_model_len: int | None = None
+    weights: WeightFormat | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must be a non-empty name or path")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache sizing.
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_blocks: explicit number of blocks; None derives it from ``memory_bytes``.
+        memory_bytes: KV cache budget in bytes (used when ``num_blocks`` is None).
+        enable_prefix_caching: reuse committed full blocks across requests with equal prefixes.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2, got {self.num_blocks}")
+        if self.memory_bytes <= 0:
+            raise ValueError(f"memory_bytes must be > 0, got {self.memory_bytes}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous-batching limits.
+
+    Attributes:
+        max_num_seqs: most requests running in one step.
+        max_num_batched_tokens: token budget of one step (prefill chunks + decode + drafts).
+        max_queue_len: waiting requests beyond this are refused (HTTP 429).
+    """
+
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    max_queue_len: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 16:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}"
+            )
+        if self.max_queue_len < 0:
+            raise ValueError(f"max_queue_len must be >= 0, got {self.max_queue_len}")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding settings.
+
+    Attributes:
+        method: ``none`` (plain decoding), ``draft`` (small model), ``ngram`` (prompt lookup)
+            or ``suffix`` (suffix matching over prompt and earlier outputs).
+        draft_model: the draft's catalog name or path (method ``draft`` only).
+        num_speculative_tokens: fixed k; None lets the k controller choose per request.
+        k_max: upper bound for the adaptive controller.
+        ngram_min: shortest n-gram the prompt-lookup proposer matches.
+        ngram_max: longest n-gram the prompt-lookup proposer matches.
+    """
+
+    method: SpecMethod = "none"
+    draft_model: str | None = None
+    num_speculative_tokens: int | None = None
+    k_max: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in ("none", "draft", "ngram", "suffix"):
+            raise ValueError(f"unknown speculative method {self.method!r}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model")
+        if self.method != "draft" and self.draft_model:
+            raise ValueError(f"draft_model given but method is {self.method!r}")
+        k = self.num_speculative_tokens
+        if k is not None and not (0 <= k <= 32):
+            raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")
+        if not (1 <= self.k_max <= 32):
+            raise ValueError(f"k_max must be in [1, 32], got {self.k_max}")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ValueError(
+                f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none" and self.num_speculative_tokens != 0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.enabled and self.num_speculative_tokens is None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, one sub-config per component."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    seed: int = 0

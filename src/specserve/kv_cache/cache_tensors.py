@@ -1,0 +1,78 @@
+"""KV cache storage: one flat slot array per layer, addressed by slot index.
+
+A *slot* holds the key and value of one token in one layer. Slot ``s`` lives in block
+``s // block_size`` at offset ``s % block_size``; the block pool (``block_pool.py``) decides
+which blocks a request owns, this module only stores tensors. Block 0 is reserved as a scratch
+block: padded (not real) tokens of a batch write there, and no request ever owns it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCacheTensors:
+    """Key/value tensors for every layer.
+
+    Attributes:
+        k: ``# [num_layers, num_slots, num_kv_heads, head_dim]``
+        v: ``# [num_layers, num_slots, num_kv_heads, head_dim]``
+    """
+
+    SCRATCH_BLOCK = 0
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        assert num_blocks >= 2, "need the scratch block plus at least one usable block"
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def write(
+        self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """Store new keys/values.
+
+        Args:
+            slot_mapping: ``# [N]`` slot of each new token (scratch slots for padding).
+            k: ``# [N, num_kv_heads, head_dim]``
+            v: ``# [N, num_kv_heads, head_dim]``
+        """
+        self.k[layer].index_copy_(0, slot_mapping, k)
+        self.v[layer].index_copy_(0, slot_mapping, v)
+
+    def gather(self, layer: int, context_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Read keys/values of the given slots.
+
+        Args:
+            context_slots: ``# [B, S]`` slots of context positions 0..S-1 of each sequence.
+        Returns:
+            keys and values, each ``# [B, S, num_kv_heads, head_dim]``.
+        """
+        b, s = context_slots.shape
+        flat = context_slots.reshape(-1)
+        k = self.k[layer].index_select(0, flat).view(b, s, *self.k.shape[2:])
+        v = self.v[layer].index_select(0, flat).view(b, s, *self.v.shape[2:])
+        return k, v

@@ -1,0 +1,229 @@
+"""Decoder-only transformer for the Llama, Qwen2 and Qwen3 families.
+
+Parameter names follow the Hugging Face checkpoints (``model.layers.0.self_attn.q_proj.weight``)
+so a safetensors state dict loads without renaming; GGUF tensors are mapped onto these names by
+``loading/gguf_loader.py``.
+
+Attention reads and writes a paged KV cache through :class:`AttentionMetadata`. The same
+forward serves prefill (T = prompt chunk), decode (T = 1) and speculative verification
+(T = k + 1), batched with padding: every query token carries its absolute position, and may
+attend to context positions ``0..position`` of its own sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models.arch import ArchConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a batch's tokens sit in the KV cache.
+
+    Attributes:
+        positions: ``# [B, T]`` absolute position of each query token (padding: 0).
+        slot_mapping: ``# [B, T]`` cache slot the token's K/V is written to (padding: scratch).
+        context_slots: ``# [B, S]`` slot of context position j of each sequence, j < S
+            (padding: scratch). Must cover every position up to the largest query position.
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    context_slots: torch.Tensor
+
+    def attention_mask(self) -> torch.Tensor:
+        """Boolean ``# [B, 1, T, S]`` mask: key j is visible to a query at position p iff j <= p."""
+        s = self.context_slots.shape[1]
+        key_pos = torch.arange(s, device=self.positions.device)
+        return key_pos.view(1, 1, 1, s) <= self.positions.unsqueeze(1).unsqueeze(-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 like the reference implementations, then cast back.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight: torch.Tensor = self.weight
+        return weight * x32.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE in the "rotate half" layout used by Hugging Face checkpoints (Su et al., 2021)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.inv_freq: torch.Tensor
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``# [B, T, head_dim]`` for ``positions # [B, T]``."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x # [B, T, H, hd]``, ``cos/sin # [B, T, hd]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ArchConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        q_dim = cfg.num_heads * cfg.head_dim
+        kv_dim = cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        mask: torch.Tensor,
+        kv: KVCacheTensors,
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        kv.write(
+            self.layer_idx,
+            meta.slot_mapping.reshape(-1),
+            k.reshape(b * t, *k.shape[2:]),
+            v.reshape(b * t, *v.shape[2:]),
+        )
+        keys, values = kv.gather(self.layer_idx, meta.context_slots)  # [B, S, nkv, hd]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),  # [B, nh, T, hd]
+            keys.transpose(1, 2),  # [B, nkv, S, hd]
+            values.transpose(1, 2),
+            attn_mask=mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [B, nh, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ArchConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, meta, mask, kv):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, mask, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """The language model: ``forward`` gives hidden states, ``compute_logits`` vocabulary scores.
+
+    Splitting the two lets the runner compute logits only for the rows it samples from
+    (the last prompt token at prefill, the k + 1 verified positions at verification).
+    """
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # An inference engine: no parameter ever needs a gradient.
+        self.requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCacheTensors
+    ) -> torch.Tensor:
+        """Run the decoder over a padded batch, writing its K/V into ``kv``.
+
+        Args:
+            input_ids: ``# [B, T]`` token ids (padding: any valid id).
+            meta: positions and cache slots of those tokens.
+            kv: the cache this model owns.
+        Returns:
+            final hidden states ``# [B, T, hidden_size]``.
+        """
+        assert input_ids.shape == meta.positions.shape == meta.slot_mapping.shape
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(meta.positions, x.dtype)
+        mask = meta.attention_mask()
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, meta, mask, kv)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden # [..., hidden_size]`` -> logits ``# [..., vocab_size]`` in fp32."""
+        return self.lm_head(hidden).float()
+
+    def make_kv_cache(self, num_blocks: int, block_size: int) -> KVCacheTensors:
+        return KVCacheTensors(
+            num_layers=self.cfg.num_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=self.cfg.num_kv_heads,
+            head_dim=self.cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
