@@ -1,0 +1,165 @@
+"""``specserve serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn).
+
+The server binds first and loads the model in the background: ``/health`` (liveness) is 200
+at once, ``/v1/models`` and ``/ready`` answer 503 until the model is loaded. Kubernetes
+startup/readiness probes should poll ``/v1/models``. SIGTERM (or Ctrl-C) stops accepting
+connections, lets in-flight requests finish, drains the engine and exits 0. A model that
+fails to load makes the command exit 1. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from typing import Any
+
+from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+
+logger = logging.getLogger(__name__)
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"2GiB"``, ``"512M"``, ``"1.5g"`` or a plain integer (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1073741824)")
+    size = int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"size must be > 0, got {text!r}")
+    return size
+
+
+def parse_k(text: str) -> int | None:
+    """``auto`` (None: the adaptive controller) or a fixed k in [0, 32]."""
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+    if not 0 <= k <= 32:
+        raise argparse.ArgumentTypeError(f"num-speculative-tokens must be in [0, 32], got {k}")
+    return k
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="catalog name, HF dir, .gguf file or repo id")
+    p.add_argument("--draft-model", help="draft model (implies --spec-method draft)")
+    p.add_argument(
+        "--spec-method",
+        choices=["none", "ngram", "suffix", "draft"],
+        help="speculative method (default: draft if --draft-model is given, else none)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=parse_k,
+        default=None,
+        metavar="K|auto",
+        help="fixed draft length k, or 'auto' for the adaptive controller (default auto)",
+    )
+    p.add_argument("--k-max", type=int, default=8, help="largest k the controller may choose")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="most requests per step")
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="token budget of one step"
+    )
+    p.add_argument(
+        "--max-queue-len", type=int, default=256, help="waiting requests beyond this get 429"
+    )
+    p.add_argument(
+        "--kv-cache-memory", type=parse_size, default=1 << 30, help="KV cache budget, e.g. 2GiB"
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="name clients use in 'model' (default --model)")
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    p.set_defaults(func=run)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The engine configuration an argument namespace asks for (ValueError if invalid)."""
+    method = args.spec_method or ("draft" if args.draft_model else "none")
+    return EngineConfig(
+        model=ModelConfig(
+            model=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            max_model_len=args.max_model_len,
+        ),
+        cache=CacheConfig(block_size=args.block_size, memory_bytes=args.kv_cache_memory),
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_queue_len=args.max_queue_len,
+        ),
+        spec=SpecConfig(
+            method=method,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+            k_max=args.k_max,
+        ),
+        seed=args.seed,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specserve.engine import AsyncEngine
+    from specserve.server.app import create_app
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = engine_config_from_args(args)
+    except ValueError as exc:
+        print(f"specserve serve: {exc}", file=sys.stderr)
+        return 2
+    served_name = args.served_model_name or args.model
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_failure(exc: BaseException) -> None:
+        failed.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        served_model_name=served_name,
+        engine_factory=lambda: AsyncEngine.from_config(config),
+        on_load_failure=on_load_failure,
+    )
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
+        timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(uv_config)
+    logger.info("binding %s:%d, loading %s in the background", args.host, args.port, args.model)
+    server.run()
+    if failed:
+        logger.error("exiting: model failed to load: %s", failed[0])
+        return 1
+    return 0
