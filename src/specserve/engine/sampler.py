@@ -61,3 +61,24 @@ def next_token(
     if params.greedy:
         return int(logits.argmax())
     return int(sample(logits_to_probs(logits.view(1, -1), params), generator)[0])
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """One token per row of ``logits # [N, V]``, row i under ``params[i]``; returns ``# [N]``
+    on the logits' device (no host sync: the caller reads every request's token at once)."""
+    assert logits.shape[0] == len(params) == len(generators)
+    tokens = logits.argmax(-1)  # greedy rows are done; sampled rows are overwritten below
+    for i, (p, gen) in enumerate(zip(params, generators, strict=True)):
+        if not p.greedy:
+            tokens[i] = sample(logits_to_probs(logits[i : i + 1], p), gen)[0]
+    return tokens
+
+
+def suppress_tokens(logits: torch.Tensor, token_ids: list[int]) -> None:
+    """Set ``logits # [N, V]`` of ``token_ids`` to -inf in place (e.g. EOS before min_tokens)."""
+    if token_ids:
+        logits[:, token_ids] = float("-inf")

@@ -1,0 +1,366 @@
+"""The synchronous engine: one :meth:`LLMEngine.step` = schedule, draft, verify, commit.
+
+A step, in order (DESIGN.md "Engine contracts"):
+
+1. ``schedule``: continuous batching picks prefill chunks, decode tokens and each decoding
+   request's k (``scheduler.py``).
+2. ``propose``: the proposer drafts up to k tokens for each decoding request with k > 0.
+3. ``verify``: one target forward over every row (``model_runner.py``); logits only where a
+   token is sampled; EOS/stop ids masked while ``min_tokens`` is not reached.
+4. ``sample``: a step without drafts samples plainly (``engine/sampler.py``, the k = 0 fast
+   path); a step with drafts verifies every sampling request with the rejection sampler (a
+   request without a draft then just samples its one row, consuming randomness the same way).
+5. ``commit``: accepted tokens join the request; stop checks (EOS/stop ids, length, stop
+   strings via the incremental detokenizer); rejected lookahead is rolled back by moving the
+   computed-token pointer (``kv_manager.commit``); finished requests free their blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specserve.config import CacheConfig, SchedulerConfig, SpecConfig
+from specserve.engine.detokenizer import IncrementalDetokenizer, Tokenizer
+from specserve.engine.model_runner import ForwardRow, ModelRunner
+from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSummary, StepStats
+from specserve.engine.request import Request
+from specserve.engine.sampler import make_generator, sample_rows, suppress_tokens
+from specserve.engine.scheduler import KChooser, ScheduledRequest, Scheduler
+from specserve.engine.stats_tracker import StatsTracker
+from specserve.engine.stop import check_new_tokens
+from specserve.kv_cache.kv_manager import KVCacheManager
+from specserve.kv_cache.sizing import num_blocks_for
+from specserve.models.decoder import DecoderLM
+from specserve.sampling_params import SamplingParams
+from specserve.spec.proposer import Proposal, ProposeInput, Proposer
+from specserve.spec.rejection_sampler import rejection_sample
+
+logger = logging.getLogger(__name__)
+
+
+class KController(KChooser):
+    """What the engine needs from ``spec/k_controller.py`` beyond choosing k."""
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+class LLMEngine:
+    """Continuous-batching engine over one target model (and an optional proposer).
+
+    Attributes:
+        model: the target decoder.
+        tokenizer: used for stop strings and ``text_delta`` (None: token ids only).
+        eos_token_ids: ids that end generation unless ``ignore_eos``.
+        max_model_len: context limit (prompt + output), capped by what the KV cache can hold.
+        spec: speculative decoding settings; ``proposer``/``k_controller`` implement them.
+    """
+
+    def __init__(
+        self,
+        model: DecoderLM,
+        *,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        cache: CacheConfig | None = None,
+        scheduler: SchedulerConfig | None = None,
+        spec: SpecConfig | None = None,
+        proposer: Proposer | None = None,
+        k_controller: KController | None = None,
+        model_name: str = "model",
+        max_model_len: int | None = None,
+    ) -> None:
+        cache = cache or CacheConfig()
+        self.spec = spec or SpecConfig()
+        if self.spec.enabled and (proposer is None or k_controller is None):
+            raise ValueError(f"speculative method {self.spec.method!r} needs a proposer and k")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(
+            eos_token_ids if eos_token_ids is not None else model.cfg.eos_token_ids
+        )
+        self.model_name = model_name
+        self.proposer = proposer if self.spec.enabled else None
+        self.k_controller = k_controller if self.spec.enabled else None
+        k_max = self.spec.num_speculative_tokens or self.spec.k_max if self.spec.enabled else 0
+        num_blocks = num_blocks_for(cache, model.cfg, model.dtype)
+        self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.runner = ModelRunner(model, model.make_kv_cache(num_blocks, cache.block_size))
+        self.scheduler = Scheduler(
+            scheduler or SchedulerConfig(), self.kv, self.k_controller, max_lookahead=k_max
+        )
+        limit = min(model.cfg.max_position_embeddings, max_model_len or 1 << 62)
+        self.max_model_len = min(limit, self.kv.max_tokens_capacity - k_max)
+        if self.max_model_len < 2:
+            raise ValueError(f"KV cache of {num_blocks} blocks is too small for any request")
+        self.requests: dict[str, Request] = {}
+        self.tracker = StatsTracker(model_name, k_max)
+        self._step_listeners: list[Callable[[StepStats], None]] = []
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+        """Check a request before admission; returns its output cap.
+
+        Raises:
+            ValueError: empty prompt, ids outside the vocabulary, prompt too long for the
+                context, or stop strings without a tokenizer.
+        """
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.model.cfg.vocab_size
+        if any(not (0 <= t < vocab) for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if n >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {n} tokens leaves no room for output in the "
+                f"{self.max_model_len}-token context"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer, and this engine has none")
+        return min(params.max_tokens, self.max_model_len - n)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Queue a request. Raises ValueError (bad request) or QueueFullError (at the bound)."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        try:
+            cap = self.validate(prompt_token_ids, params)
+        except ValueError:
+            self.tracker.record_rejected("bad_request")
+            raise
+        req = Request(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            max_output_tokens=cap,
+            generator=make_generator(params, self.model.device),
+            arrival_time=arrival_time if arrival_time is not None else time.perf_counter(),
+        )
+        if self.tokenizer is not None:
+            req.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, params.stop, params.min_tokens
+            )
+        try:
+            self.scheduler.add(req)
+        except Exception:
+            self.tracker.record_rejected("queue_full")
+            raise
+        self.requests[request_id] = req
+        return req
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; its final output, or None if unknown/done."""
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        self._finish(req, "abort")
+        return self._output(req, [], "")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
+        """Call ``listener`` with each step's :class:`StepStats` (from the stepping thread)."""
+        self._step_listeners.append(listener)
+
+    def stats(self) -> EngineStats:
+        self.tracker.update_gauges(
+            len(self.scheduler.running), len(self.scheduler.waiting), self.kv.pool
+        )
+        return self.tracker.snapshot()
+
+    # --- the step ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; outputs of every request that committed tokens or finished."""
+        sched = self.scheduler.schedule()
+        stats = StepStats(num_preemptions=len(sched.preempted))
+        for req in sched.preempted:
+            if self.proposer is not None:
+                self.proposer.release(req.request_id)
+        outputs: list[RequestOutput] = []
+        if sched.scheduled:
+            proposals = self._propose(sched.scheduled, stats)
+            t0 = time.perf_counter()
+            sampled = self._verify(sched.scheduled, proposals)
+            stats.verify_s = time.perf_counter() - t0
+            outputs = self._commit(sched.scheduled, proposals, sampled, stats)
+        stats.num_running = len(self.scheduler.running)
+        stats.num_waiting = len(self.scheduler.waiting)
+        stats.kv_cache_usage = self.kv.pool.usage
+        self.tracker.record_step(stats)
+        for listener in self._step_listeners:
+            listener(stats)
+        return outputs
+
+    def _propose(self, scheduled: list[ScheduledRequest], stats: StepStats) -> list[Proposal]:
+        """Drafts per scheduled request (empty for prefill chunks and k = 0)."""
+        proposals = [Proposal([]) for _ in scheduled]
+        if self.proposer is None:
+            return proposals
+        inputs, where = [], []
+        for i, sr in enumerate(scheduled):
+            if sr.samples and sr.request.is_decoding:
+                stats.k_chosen.append(sr.num_lookahead)
+                if sr.num_lookahead > 0:
+                    req = sr.request
+                    inputs.append(
+                        ProposeInput(
+                            req.request_id,
+                            list(req.token_ids),
+                            sr.num_lookahead,
+                            req.params,
+                            req.generator,
+                        )
+                    )
+                    where.append(i)
+        if inputs:
+            t0 = time.perf_counter()
+            for i, p in zip(where, self.proposer.propose(inputs), strict=True):
+                assert len(p) <= scheduled[i].num_lookahead, "proposer drafted more than k"
+                proposals[i] = p
+            stats.draft_s = time.perf_counter() - t0
+        return proposals
+
+    def _verify(
+        self, scheduled: list[ScheduledRequest], proposals: list[Proposal]
+    ) -> dict[int, list[int]]:
+        """One target forward; returns, per sampling row index, its new tokens (accepted
+        drafts + one sampled)."""
+        rows = []
+        for sr, prop in zip(scheduled, proposals, strict=True):
+            req, start = sr.request, sr.request.num_computed_tokens
+            rows.append(
+                ForwardRow(
+                    token_ids=req.token_ids[start : start + sr.num_new_tokens]
+                    + prop.draft_token_ids,
+                    start=start,
+                    block_table=self.kv.block_tables[req.request_id],
+                    num_logit_rows=len(prop) + 1 if sr.samples else 0,
+                )
+            )
+        sampling = [i for i, sr in enumerate(scheduled) if sr.samples]
+        if not sampling:
+            self.runner.execute(rows)
+            return {}
+        logits = self.runner.execute(rows)  # [sum over sampling rows of (k_i + 1), vocab]
+        offset = 0
+        for i in sampling:
+            n = rows[i].num_logit_rows
+            self._mask_min_tokens(scheduled[i].request, logits[offset : offset + n])
+            offset += n
+        reqs = [scheduled[i].request for i in sampling]
+        params = [r.params for r in reqs]
+        gens = [r.generator for r in reqs]
+        if all(len(proposals[i]) == 0 for i in sampling):
+            # k = 0 fast path. The one host sync of the step: .tolist().
+            tokens = sample_rows(logits, params, gens).tolist()
+            return {i: [t] for i, t in zip(sampling, tokens, strict=True)}
+        # The rejection sampler reads its results back to the host once (its host sync).
+        accepted = rejection_sample(
+            [proposals[i].draft_token_ids for i in sampling],
+            [proposals[i].draft_probs for i in sampling],
+            logits,
+            params,
+            gens,
+        )
+        return dict(zip(sampling, accepted, strict=True))
+
+    def _mask_min_tokens(self, req: Request, logits: torch.Tensor) -> None:
+        """Suppress EOS/stop ids on rows whose token would be generated before min_tokens.
+        Row j of ``logits # [k + 1, V]`` scores output token number ``num_output + j``."""
+        p = req.params
+        num_masked = min(p.min_tokens - req.num_output_tokens, logits.shape[0])
+        if num_masked <= 0:
+            return
+        ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+        suppress_tokens(logits[:num_masked], sorted(ids))
+
+    def _commit(
+        self,
+        scheduled: list[ScheduledRequest],
+        proposals: list[Proposal],
+        sampled: dict[int, list[int]],
+        stats: StepStats,
+    ) -> list[RequestOutput]:
+        outputs = []
+        for i, sr in enumerate(scheduled):
+            req = sr.request
+            stats.num_scheduled_tokens += sr.num_new_tokens
+            if i not in sampled:  # a prefill chunk short of the end: nothing to sample
+                req.num_computed_tokens += sr.num_new_tokens
+                self.kv.commit(req.request_id, req.token_ids, req.num_computed_tokens)
+                continue
+            new = sampled[i]
+            num_drafted, num_accepted = len(proposals[i]), len(new) - 1
+            stats.num_draft_tokens += num_drafted
+            if num_drafted:
+                req.spec_stats.observe(num_drafted, num_accepted)
+                stats.spec.observe(num_drafted, num_accepted)
+                assert self.k_controller is not None
+                self.k_controller.observe(req.request_id, num_drafted, num_accepted)
+            elif self.spec.enabled and req.is_decoding:
+                stats.num_spec_off += 1
+            if req.num_output_tokens == 0:
+                stats.num_prompt_tokens += req.num_prompt_tokens
+            decision = check_new_tokens(
+                new, req.num_output_tokens, req.params, self.eos_token_ids, req.max_output_tokens
+            )
+            kept, reason = new[: decision.num_kept], decision.finish_reason
+            if req.detokenizer is not None:
+                consumed = req.detokenizer.add_tokens(kept)
+                if req.detokenizer.stopped:
+                    kept, reason = kept[:consumed], "stop"
+            # K/V is final for the tokens run this step up to the last accepted draft.
+            num_computed = req.num_computed_tokens + sr.num_new_tokens + num_accepted
+            req.token_ids.extend(kept)
+            stats.num_generation_tokens += len(kept)
+            if req.first_token_time is None:
+                req.first_token_time = time.perf_counter()
+            if reason is None:
+                req.num_computed_tokens = num_computed
+                assert req.num_computed_tokens == req.num_tokens - 1
+                self.kv.commit(req.request_id, req.token_ids, num_computed)
+            else:
+                self._finish(req, reason)
+            delta = req.detokenizer.take_delta(reason is not None) if req.detokenizer else ""
+            outputs.append(self._output(req, kept, delta))
+        return outputs
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self.scheduler.finish(req, reason)
+        if self.proposer is not None:
+            self.proposer.release(req.request_id)
+        if self.k_controller is not None:
+            self.k_controller.release(req.request_id)
+        self.tracker.record_finished(reason)
+        del self.requests[req.request_id]
+
+    def _output(self, req: Request, new_token_ids: list[int], text_delta: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_token_ids,
+            text_delta=text_delta,
+            num_prompt_tokens=req.num_prompt_tokens,
+            num_generated_tokens=req.num_output_tokens,
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            spec=SpecRequestSummary.from_stats(req.spec_stats) if self.spec.enabled else None,
+            arrival_time=req.arrival_time,
+            first_token_time=req.first_token_time,
+            num_preemptions=req.num_preemptions,
+        )

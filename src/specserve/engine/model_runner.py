@@ -1,0 +1,115 @@
+"""Model runner: turns scheduled rows into padded tensors, runs the target, returns logits.
+
+No policy lives here: the scheduler decided who runs and the engine what to sample. The
+decoder takes a padded batch (``# [B, T]`` tokens, ``# [B, S]`` context slots), so mixing one
+long prefill chunk with many 1..k+1-token decode rows would pad every decode row to the chunk's
+length. The runner therefore branches once, at the top: decode/verify rows (every token needs
+logits) run in one forward, prefill rows in another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models.decoder import AttentionMetadata, DecoderLM
+
+
+@dataclass
+class ForwardRow:
+    """One request's tokens in a forward.
+
+    Attributes:
+        token_ids: tokens run, in order: committed tokens (prefill chunk or the last sampled
+            token), then draft tokens.
+        start: absolute position of ``token_ids[0]``; positions ``0..start - 1`` are cached.
+        block_table: the request's KV blocks, covering positions ``0..start + T - 1``.
+        num_logit_rows: how many trailing tokens need logits (0: a prefill chunk that does
+            not reach the end of the committed tokens).
+    """
+
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    num_logit_rows: int
+
+    def __post_init__(self) -> None:
+        assert self.token_ids, "a row runs at least one token"
+        assert 0 <= self.num_logit_rows <= len(self.token_ids)
+
+
+class ModelRunner:
+    """Runs one model over a KV cache of its own.
+
+    Attributes:
+        model: the decoder.
+        kv: its cache tensors.
+        block_size: tokens per block (must match the block pool).
+    """
+
+    def __init__(self, model: DecoderLM, kv: KVCacheTensors) -> None:
+        self.model = model
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.device = model.device
+
+    def _metadata(self, rows: Sequence[ForwardRow]) -> tuple[torch.Tensor, AttentionMetadata]:
+        """Padded ``input_ids # [B, T]`` and metadata; padding goes to scratch slot 0."""
+        bs = self.block_size
+        b = len(rows)
+        t = max(len(r.token_ids) for r in rows)
+        s = max(r.start + len(r.token_ids) for r in rows)
+        ids = torch.zeros((b, t), dtype=torch.long)
+        positions = torch.zeros((b, t), dtype=torch.long)
+        context_slots = torch.zeros((b, s), dtype=torch.long)  # scratch slot 0 = padding
+        slot_mapping = torch.zeros((b, t), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n, end = len(r.token_ids), r.start + len(r.token_ids)
+            ids[i, :n] = torch.tensor(r.token_ids)
+            pos = torch.arange(end)
+            table = torch.tensor(r.block_table[: (end + bs - 1) // bs], dtype=torch.long)
+            slots = table[pos // bs] * bs + pos % bs  # [end]
+            context_slots[i, :end] = slots
+            positions[i, :n] = pos[r.start :]
+            slot_mapping[i, :n] = slots[r.start :]
+        dev = self.device
+        meta = AttentionMetadata(
+            positions=positions.to(dev, non_blocking=True),
+            slot_mapping=slot_mapping.to(dev, non_blocking=True),
+            context_slots=context_slots.to(dev, non_blocking=True),
+        )
+        return ids.to(dev, non_blocking=True), meta
+
+    def _forward(self, rows: Sequence[ForwardRow]) -> list[torch.Tensor]:
+        """Run one padded forward; the logits ``# [num_logit_rows_i, V]`` of each row."""
+        ids, meta = self._metadata(rows)
+        hidden = self.model(ids, meta, self.kv)  # [B, T, hidden]
+        t = ids.shape[1]
+        flat_index = [
+            i * t + j
+            for i, r in enumerate(rows)
+            for j in range(len(r.token_ids) - r.num_logit_rows, len(r.token_ids))
+        ]
+        if not flat_index:
+            return [hidden.new_empty((0, self.model.cfg.vocab_size)) for _ in rows]
+        index = torch.tensor(flat_index, device=self.device)
+        logits = self.model.compute_logits(hidden.flatten(0, 1).index_select(0, index))
+        return list(logits.split([r.num_logit_rows for r in rows]))
+
+    @torch.inference_mode()
+    def execute(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
+        """Run every row, writing their K/V, and return logits ``# [sum num_logit_rows, V]``
+        (fp32) in row order: for each row, its last ``num_logit_rows`` tokens."""
+        assert rows
+        decode_idx = [i for i, r in enumerate(rows) if r.num_logit_rows == len(r.token_ids)]
+        prefill_idx = [i for i, r in enumerate(rows) if r.num_logit_rows != len(r.token_ids)]
+        per_row: list[torch.Tensor | None] = [None] * len(rows)
+        for group in (decode_idx, prefill_idx):
+            if group:
+                for i, lg in zip(group, self._forward([rows[i] for i in group]), strict=True):
+                    per_row[i] = lg
+        parts = [lg for lg in per_row if lg is not None]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]

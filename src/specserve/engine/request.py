@@ -1,0 +1,104 @@
+"""Per-request engine state: tokens, KV progress, status, sampling generator, spec counters.
+
+Terms:
+    committed tokens: ``token_ids`` = prompt + accepted output; drafts never enter it.
+    computed tokens: the leading committed tokens whose K/V sits in the cache
+        (``num_computed_tokens``). A decoding request has exactly one committed token not yet
+        computed (the last sampled one); a request still in prefill has more.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.sampling_params import SamplingParams
+from specserve.spec.stats import SpecDecodingStats
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; the request was not admitted (HTTP 429)."""
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted, or preempted and waiting to be recomputed
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request as the engine tracks it.
+
+    Attributes:
+        request_id: caller-chosen unique id.
+        prompt_token_ids: the prompt.
+        params: sampling parameters.
+        max_output_tokens: generation cap: ``params.max_tokens`` limited by the context room.
+        generator: seeded per-request generator, or None for the global RNG.
+        arrival_time: ``time.perf_counter()`` when the request was added.
+        token_ids: committed tokens (prompt + output), grown in place.
+        num_computed_tokens: committed tokens whose K/V is in the cache.
+        status: waiting, running or finished.
+        finish_reason: ``stop``, ``length`` or ``abort`` once finished.
+        spec_stats: acceptance counters of this request.
+        num_preemptions: times the request lost its blocks and had to be recomputed.
+        detokenizer: incremental text state (None when the engine has no tokenizer).
+        first_token_time: ``perf_counter()`` when its first output token was committed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_output_tokens: int
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    spec_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+    num_preemptions: int = 0
+    detokenizer: IncrementalDetokenizer | None = None
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id!r}: prompt must not be empty")
+        if self.max_output_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: no room for output tokens")
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token is left to run: the next step is a decode (+ drafts)."""
+        return self.num_tokens - self.num_computed_tokens == 1 and self.num_output_tokens > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_output_tokens_left(self) -> int:
+        return self.max_output_tokens - self.num_output_tokens
