@@ -1,0 +1,1 @@
+"""``specserve experiment``: the reference A/B study (baseline vs speculative) end to end."""

@@ -1,0 +1,181 @@
+"""``specserve experiment`` configuration (pydantic, validated with clear errors).
+
+An experiment is the reference study's A/B: two services identical except for speculation
+(*baseline*: target only; *speculative*: target + proposer), benchmarked alternately with the
+same prompts at temperature 0. Either specserve starts both servers itself (``servers``), or
+the config points at two running endpoints (``endpoints``, e.g. two vLLM services), in which
+case nothing is started.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+class ExperimentConfigError(ValueError):
+    """The experiment config is missing, unreadable or invalid (message lists every problem)."""
+
+
+class ServersSpec(BaseModel):
+    """Two specserve servers started as subprocesses on free loopback ports."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    target: str = Field(default=DEFAULT_TARGET, description="Target model (catalog name/path).")
+    draft: str | None = Field(
+        default=None,
+        description=f"Draft model for method 'draft' (same tokenizer); default {DEFAULT_DRAFT}.",
+    )
+    method: Literal["draft", "ngram", "suffix"] = Field(
+        default="draft", description="Proposer of the speculative server."
+    )
+    num_speculative_tokens: int | Literal["auto"] = Field(
+        default="auto",
+        description="Fixed k (the AWS study used 7) or 'auto' for the adaptive controller.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="bfloat16", description="Compute dtype of both servers."
+    )
+    weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+        default=None, description="Weight format of both servers (default: the dtype's own)."
+    )
+    max_model_len: int = Field(default=2048, ge=64, description="Context limit of both servers.")
+    max_num_seqs: int = Field(default=8, ge=1, description="Batch limit of both servers.")
+    host: str = Field(default="127.0.0.1", description="Loopback address the servers bind.")
+    baseline_port: int | None = Field(default=None, ge=1, le=65535, description="None: free.")
+    speculative_port: int | None = Field(default=None, ge=1, le=65535, description="None: free.")
+    startup_timeout_s: float = Field(default=900.0, gt=0, description="Wait for readiness.")
+    extra_args: tuple[str, ...] = Field(
+        default=(), description="Extra `specserve serve` arguments for both servers."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ServersSpec:
+        k = self.num_speculative_tokens
+        if isinstance(k, int) and not 1 <= k <= 32:
+            raise ValueError(f"num_speculative_tokens must be in [1, 32] or 'auto', got {k}")
+        if self.method == "draft" and self.draft is None:
+            object.__setattr__(self, "draft", DEFAULT_DRAFT)
+        if self.method != "draft" and self.draft is not None:
+            raise ValueError(f"a draft model is only used with method 'draft', not {self.method!r}")
+        if self.baseline_port is not None and self.baseline_port == self.speculative_port:
+            raise ValueError("baseline_port and speculative_port must differ")
+        if not self.host.startswith("127.") and self.host not in ("localhost", "::1"):
+            raise ValueError(f"servers bind loopback addresses only, got {self.host!r}")
+        return self
+
+    def serve_args(self, speculative: bool) -> list[str]:
+        """`specserve serve` arguments of one arm (the arms differ only in speculation)."""
+        args = ["--model", self.target, "--dtype", self.dtype]
+        args += [
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+        ]
+        if self.weights:
+            args += ["--weights", self.weights]
+        if speculative:
+            args += ["--spec-method", self.method]
+            if self.method == "draft":
+                assert self.draft is not None
+                args += ["--draft-model", self.draft]
+            args += ["--num-speculative-tokens", str(self.num_speculative_tokens)]
+        else:
+            args += ["--spec-method", "none"]
+        return args + list(self.extra_args)
+
+
+class Endpoint(BaseModel):
+    """A running OpenAI-compatible service."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    base_url: str = Field(description="Root URL, e.g. http://vllm-baseline:8000")
+    model: str = Field(min_length=1, description="Model name the service serves.")
+    metrics_url: str | None = Field(default=None, description="Default: <base_url>/metrics.")
+
+
+class EndpointsSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    baseline: Endpoint
+    speculative: Endpoint
+
+
+class BenchmarkSpec(BaseModel):
+    """How both arms are driven (identically)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    suites: tuple[str, ...] = Field(
+        default=("structured", "open-ended"),
+        min_length=1,
+        description="Built-in suites, JSONL prompt files or 'llmperf'.",
+    )
+    endpoint: Literal["chat", "completions"] = Field(default="chat", description="API used.")
+    concurrency: tuple[int, ...] = Field(
+        default=(1,), min_length=1, description="Closed-loop concurrency levels (each a run)."
+    )
+    num_requests: int = Field(default=10, ge=1, description="Measured requests per arm and level.")
+    warmup_requests: int = Field(default=1, ge=0, description="Per arm, excluded from results.")
+    batch_size: int = Field(
+        default=1, ge=1, description="Arms alternate every batch_size requests (ABBA order)."
+    )
+    max_tokens: int = Field(default=96, ge=1, description="max_tokens of every request.")
+    min_tokens: int | None = Field(default=None, ge=0, description="min_tokens, when set.")
+    ignore_eos: bool = Field(default=False, description="Fixed output lengths when true.")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy (study).")
+    timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
+
+    @model_validator(mode="after")
+    def _check(self) -> BenchmarkSpec:
+        if any(c < 1 for c in self.concurrency):
+            raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        return self
+
+
+class ExperimentConfig(BaseModel):
+    """The whole experiment. With no file, every default below is the embedded study."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(default="default", pattern=r"^[A-Za-z0-9._-]+$", description="Run name.")
+    output_dir: str | None = Field(
+        default=None, description="Results folder; default results/<name>-<UTC timestamp>."
+    )
+    servers: ServersSpec | None = Field(default=None, description="Start two servers of ours.")
+    endpoints: EndpointsSpec | None = Field(default=None, description="Or use running services.")
+    benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExperimentConfig:
+        if self.servers is not None and self.endpoints is not None:
+            raise ValueError("give either 'servers' (start ours) or 'endpoints', not both")
+        if self.servers is None and self.endpoints is None:
+            object.__setattr__(self, "servers", ServersSpec())
+        return self
+
+
+def load_config(path: str | Path | None) -> ExperimentConfig:
+    """Read and validate a YAML config; None gives the embedded default experiment."""
+    if path is None:
+        return ExperimentConfig()
+    p = Path(path)
+    if not p.is_file():
+        raise ExperimentConfigError(f"experiment config {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ExperimentConfigError(f"{p}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ExperimentConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()
+        )
+        raise ExperimentConfigError(f"{p}: invalid experiment config: {problems}") from e

@@ -1,0 +1,182 @@
+"""Run the A/B experiment: start (or find) both arms, benchmark them alternately, report.
+
+Each (concurrency, suite) pair is one A/B run, so the acceptance counters scraped around it
+belong to that suite alone. Results are written as soon as each run ends: a failure or Ctrl-C
+later keeps everything collected before it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from specserve.bench.compare import Comparison, compare
+from specserve.bench.results import BenchResult, save_result
+from specserve.bench.runner import run_ab
+from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
+from specserve.experiment.config import Endpoint, ExperimentConfig, ServersSpec
+from specserve.experiment.server_process import ServerProcess
+
+logger = logging.getLogger(__name__)
+
+ARMS = ("baseline", "speculative")
+
+
+@dataclass
+class ExperimentOutcome:
+    """What an experiment produced (also on disk under ``output_dir``).
+
+    Attributes:
+        output_dir: the results folder.
+        runs: (concurrency, suite) -> the two arms' results, in ARMS order.
+        comparisons: (concurrency, suite) -> the baseline-vs-speculative comparison.
+    """
+
+    output_dir: Path
+    runs: dict[tuple[int, str], list[BenchResult]] = field(default_factory=dict)
+    comparisons: dict[tuple[int, str], Comparison] = field(default_factory=dict)
+
+
+def default_output_dir(cfg: ExperimentConfig) -> Path:
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path("results") / f"{cfg.name}-{stamp}"
+
+
+def prefetch_models(servers: ServersSpec) -> None:
+    """Fetch (or find cached) the models before any server starts, so a model that cannot be
+    fetched fails fast with the loader's message instead of as a server that never gets ready."""
+    from specserve.loading.catalog import (
+        ensure_local,
+    )  # the engine side, only when we start servers
+
+    for name in (servers.target, servers.draft):
+        if name is not None:
+            ensure_local(name)
+
+
+@contextmanager
+def started_servers(
+    servers: ServersSpec, out: Path, on_status: Callable[[str], None]
+) -> Iterator[dict[str, Endpoint]]:
+    """Start both arms' servers, wait for readiness, stop them (SIGTERM, then kill) on exit."""
+    ports = {"baseline": servers.baseline_port, "speculative": servers.speculative_port}
+    with ExitStack() as stack:
+        procs = {}
+        for arm in ARMS:
+            proc = ServerProcess(
+                arm,
+                servers.serve_args(speculative=arm == "speculative"),
+                out / "logs",
+                host=servers.host,
+                port=ports[arm],
+            )
+            stack.callback(proc.stop)
+            proc.start()
+            procs[arm] = proc
+        for arm, proc in procs.items():
+            on_status(f"waiting for the {arm} server on {proc.base_url} (log: {proc.log_path})")
+            proc.wait_ready(servers.startup_timeout_s)
+        endpoints = {
+            arm: Endpoint(base_url=p.base_url, model=served_model(p.base_url))
+            for arm, p in procs.items()
+        }
+        try:
+            yield endpoints
+        finally:
+            for proc in procs.values():
+                proc.check_alive()  # a server that died mid-run is reported, not hidden
+
+
+def served_model(base_url: str) -> str:
+    """The first model id a server lists on ``/v1/models``."""
+    resp = httpx.get(f"{base_url}/v1/models", timeout=10.0)
+    resp.raise_for_status()
+    return str(resp.json()["data"][0]["id"])
+
+
+def bench_specs(
+    cfg: ExperimentConfig, endpoints: dict[str, Endpoint], concurrency: int, suite: str
+) -> list[BenchSpec]:
+    b = cfg.benchmark
+    return [
+        BenchSpec(
+            base_url=endpoints[arm].base_url,
+            model=endpoints[arm].model,
+            label=arm,
+            endpoint=b.endpoint,
+            workload=WorkloadSpec(suites=(suite,)),
+            sampling=SamplingSpec(
+                max_tokens=b.max_tokens,
+                min_tokens=b.min_tokens,
+                ignore_eos=b.ignore_eos,
+                temperature=b.temperature,
+            ),
+            load=ClosedLoop(concurrency=concurrency),
+            num_requests=b.num_requests,
+            warmup_requests=b.warmup_requests,
+            metrics_url=endpoints[arm].metrics_url,
+            timeout_s=b.timeout_s,
+            progress=True,
+        )
+        for arm in ARMS
+    ]
+
+
+def run_experiment(
+    cfg: ExperimentConfig, on_status: Callable[[str], None] = logger.info
+) -> ExperimentOutcome:
+    """Run the whole experiment; see the module docstring."""
+    out = default_output_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    outcome = ExperimentOutcome(out)
+    with ExitStack() as stack:
+        if cfg.servers is not None:
+            on_status("fetching models (cached after the first run)")
+            prefetch_models(cfg.servers)
+            endpoints = stack.enter_context(started_servers(cfg.servers, out, on_status))
+        else:
+            assert cfg.endpoints is not None
+            endpoints = {
+                "baseline": cfg.endpoints.baseline,
+                "speculative": cfg.endpoints.speculative,
+            }
+        for concurrency in cfg.benchmark.concurrency:
+            for suite in cfg.benchmark.suites:
+                key = (concurrency, suite)
+                on_status(f"benchmarking suite {suite!r} at concurrency {concurrency}")
+                results = run_ab(
+                    bench_specs(cfg, endpoints, concurrency, suite),
+                    batch_size=cfg.benchmark.batch_size,
+                )
+                run_dir = out / "runs" / f"c{concurrency}" / Path(suite).stem
+                for r in results:
+                    save_result(r, run_dir / r.label)
+                outcome.runs[key] = results
+                comparison = compare(results, baseline="baseline")
+                outcome.comparisons[key] = comparison
+                (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
+    write_summary(outcome)
+    return outcome
+
+
+def write_summary(outcome: ExperimentOutcome) -> None:
+    """comparison.json (all runs) and headline.md in the results folder."""
+    from specserve.experiment.headline import headline_markdown
+
+    all_rows = {
+        f"c{c}/{suite}": json.loads(cmp.model_dump_json())
+        for (c, suite), cmp in outcome.comparisons.items()
+    }
+    (outcome.output_dir / "comparison.json").write_text(json.dumps(all_rows, indent=1))
+    (outcome.output_dir / "headline.md").write_text(headline_markdown(outcome))

@@ -1,0 +1,88 @@
+"""Experiment config: defaults are the embedded study; bad configs fail with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specserve.experiment.config import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    ExperimentConfigError,
+    load_config,
+)
+
+
+def test_no_file_gives_embedded_default() -> None:
+    cfg = load_config(None)
+    assert cfg.servers is not None and cfg.endpoints is None
+    assert cfg.servers.target == DEFAULT_TARGET
+    assert cfg.servers.draft == DEFAULT_DRAFT
+    assert cfg.benchmark.temperature == 0.0
+    assert set(cfg.benchmark.suites) == {"structured", "open-ended"}
+
+
+def test_arms_differ_only_in_speculation() -> None:
+    servers = load_config(None).servers
+    assert servers is not None
+    base, spec = servers.serve_args(speculative=False), servers.serve_args(speculative=True)
+    assert base[: base.index("--spec-method")] == spec[: spec.index("--spec-method")]
+    assert base[base.index("--spec-method") + 1] == "none"
+    assert spec[spec.index("--draft-model") + 1] == DEFAULT_DRAFT
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "exp.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_endpoints_config_starts_nothing(tmp_path: Path) -> None:
+    cfg = load_config(
+        _write(
+            tmp_path,
+            """
+name: aws-study
+endpoints:
+  baseline: {base_url: "http://vllm-baseline:8000", model: Qwen/Qwen3-32B}
+  speculative: {base_url: "http://vllm-speculative:8000", model: Qwen/Qwen3-32B}
+benchmark: {concurrency: [4], max_tokens: 600}
+""",
+        )
+    )
+    assert cfg.servers is None
+    assert cfg.endpoints is not None
+    assert cfg.benchmark.concurrency == (4,)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("servers: {num_speculative_tokens: 0}", "num_speculative_tokens"),
+        ("servers: {num_speculative_tokens: 99}", "num_speculative_tokens"),
+        ("servers: {method: ngram, draft: some-model}", "only used with method 'draft'"),
+        ("servers: {method: eagle}", "method"),
+        ("benchmark: {concurrency: [0]}", "concurrency"),
+        ("benchmark: {num_requests: 0}", "num_requests"),
+        ("bogus_key: 1", "bogus_key"),
+        ("servers: {host: 10.0.0.5}", "loopback"),
+        ("servers: {baseline_port: 9000, speculative_port: 9000}", "must differ"),
+        (
+            "servers: {}\nendpoints: {baseline: {base_url: 'http://a', model: m},"
+            " speculative: {base_url: 'http://b', model: m}}",
+            "not both",
+        ),
+        ("- just\n- a list", "mapping"),
+        ("servers: [unclosed", "YAML"),
+    ],
+)
+def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ExperimentConfigError) as e:
+        load_config(_write(tmp_path, text))
+    assert needle in str(e.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ExperimentConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
