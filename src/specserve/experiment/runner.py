@@ -55,13 +55,12 @@ def default_output_dir(cfg: ExperimentConfig) -> Path:
 def prefetch_models(servers: ServersSpec) -> None:
     """Fetch (or find cached) the models before any server starts, so a model that cannot be
     fetched fails fast with the loader's message instead of as a server that never gets ready."""
-    from specserve.loading.catalog import (
-        ensure_local,
-    )  # the engine side, only when we start servers
+    from specserve.loading.catalog import CATALOG
+    from specserve.loading.transport import fetch
 
     for name in (servers.target, servers.draft):
-        if name is not None:
-            ensure_local(name)
+        if name is not None and name in CATALOG:  # paths and repo ids are the server's to load
+            fetch(CATALOG[name])
 
 
 @contextmanager
