@@ -1,0 +1,78 @@
+"""The proposer contract: every drafting method (draft model, n-gram, suffix) speaks it.
+
+A *proposer* looks at the committed tokens of each request in a batch and guesses the next
+few tokens (the *draft*). The target model then verifies the draft in one forward pass
+(``rejection_sampler.py``). Batches are *ragged*: each request asks for its own k and may get
+fewer draft tokens back, even none (then the step is a plain decode step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specserve.sampling_params import SamplingParams
+
+
+@dataclass
+class ProposeInput:
+    """One request's share of a propose call.
+
+    Attributes:
+        request_id: stable id; proposers with per-request state key it by this.
+        token_ids: committed tokens: prompt + accepted output so far (the last one included,
+            even though the target has not run it through its cache yet).
+        num_draft_tokens: k for this step (>= 1).
+        params: the request's sampling parameters (the draft applies the same processing).
+        generator: the request's seeded generator, or None for the global one.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_draft_tokens: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if not self.token_ids:
+            raise ValueError(f"request {self.request_id!r} has no committed tokens")
+
+
+@dataclass
+class Proposal:
+    """A draft for one request.
+
+    Attributes:
+        draft_token_ids: 0..k proposed tokens, in order.
+        draft_probs: ``# [len(draft_token_ids), vocab]`` the processed draft distribution each
+            token was sampled from; None means a deterministic (one-hot) draft.
+    """
+
+    draft_token_ids: list[int]
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_probs is not None:
+            assert self.draft_probs.dim() == 2
+            assert self.draft_probs.shape[0] == len(self.draft_token_ids)
+
+    def __len__(self) -> int:
+        return len(self.draft_token_ids)
+
+
+class Proposer(Protocol):
+    """Drafts tokens for a batch of requests.
+
+    ``propose`` returns one :class:`Proposal` per input, in order, each with at most
+    ``num_draft_tokens`` tokens. ``release`` drops whatever state a finished, aborted or
+    preempted request left behind (calling it for an unknown id is a no-op).
+    """
+
+    def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]: ...
+
+    def release(self, request_id: str) -> None: ...
