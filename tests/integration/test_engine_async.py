@@ -49,7 +49,7 @@ async def test_concurrent_streams_equal_plain_generation() -> None:
     prompts = {f"r{i}": [(7 * i + j) % 90 for j in range(3 + 5 * i)] for i in range(5)}
     params = SamplingParams(max_tokens=9)
     results = await asyncio.gather(*(collect(engine, r, p, params) for r, p in prompts.items()))
-    for (rid, prompt), outs in zip(prompts.items(), results, strict=True):
+    for prompt, outs in zip(prompts.values(), results, strict=True):
         ref = generate_plain(engine.engine.model, prompt, params, engine.arch.eos_token_ids)
         assert tokens(outs) == ref.token_ids
         assert outs[-1].finished and outs[-1].num_generated_tokens == len(ref.token_ids)
