@@ -4,7 +4,9 @@ speedup: ratio of medians, oriented so > 1 means the candidate is better — bas
     for latencies (TTFT, TPOT, ITL, E2E), candidate/baseline for per-request throughput.
 CI: seeded percentile bootstrap (95 %) of that ratio, resampling *requests* within each arm
     (token-level ITL values of one request move together, since they are not independent).
-regression: the CI lies entirely below 1, or the candidate's error rate is higher.
+regression: the CI lies entirely below 1 and the speedup is below ``1 − min_effect``
+    (default 3 %: smaller slow-downs are noise on shared machines), or the candidate's
+    error rate is higher.
 Pairs: requests with the same request id in both arms got the same prompt; over pairs that
     both succeeded, length parity = Σ n_candidate / Σ n_baseline, length match = share with
     equal n, exact match = share with identical output text.
@@ -110,7 +112,12 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def compare_category(
-    load: str, category: str, base: BenchResult, cand: BenchResult, seed: int = 0
+    load: str,
+    category: str,
+    base: BenchResult,
+    cand: BenchResult,
+    seed: int = 0,
+    min_effect: float = 0.03,
 ) -> CategoryComparison:
     def pick(result: BenchResult) -> list[RequestRecord]:
         return [r for r in result.measured() if category == ALL or r.category == category]
@@ -134,7 +141,7 @@ def compare_category(
                 ci_high=high,
                 n_baseline=len(flat_b),
                 n_candidate=len(flat_c),
-                regression=high is not None and high < 1.0,
+                regression=high is not None and high < 1.0 and (speedup or 1.0) < 1.0 - min_effect,
             )
         )
     by_id = {r.request_id: r for r in b_ok}

@@ -2,7 +2,8 @@
 
 Closed loop: achieved concurrency is the time-average number of requests in flight over the
 *steady window* of each batch, from the send of its C-th request (all slots filled) to its
-last send (after which slots drain). Batches too short for a window use their peak.
+last send (after which slots drain). When no batch is long enough for such a window (e.g.
+A/B batches of exactly C requests), the peak number in flight per batch is used instead.
 Open loop: achieved rate = (sends − 1) / (last send − first send), per batch, pooled. A
 Poisson schedule of a few requests has a realised rate far from the target by chance, so the
 drift of an open loop is measured against the realised rate of the schedule (same formula on
@@ -41,6 +42,18 @@ def _in_flight_average(records: Sequence[RequestRecord], start: int, end: int) -
     return total / (end - start)
 
 
+def _peak(records: Sequence[RequestRecord]) -> int:
+    events = sorted(
+        [(r.send_ns, 1) for r in records]
+        + [(r.done_ns if r.done_ns is not None else r.send_ns, -1) for r in records]
+    )
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
 def check_load(
     records: Sequence[RequestRecord], kind: str, target: float, max_drift: float
 ) -> LoadCheck:
@@ -49,6 +62,7 @@ def check_load(
         if not r.warmup:
             batches[r.batch].append(r)
     weighted, weight, sched_weight = 0.0, 0.0, 0.0
+    peaks: list[int] = []
     for recs in batches.values():
         sends = sorted(r.send_ns for r in recs)
         if kind == "concurrency":
@@ -57,11 +71,14 @@ def check_load(
                 start, end = sends[c - 1], sends[-1]
                 weighted += _in_flight_average(recs, start, end) * (end - start)
                 weight += end - start
+            peaks.append(_peak(recs))
         elif len(sends) > 1 and sends[-1] > sends[0]:
             weighted += len(sends) - 1
             weight += (sends[-1] - sends[0]) / 1e9
             scheduled = sorted(r.scheduled_ns for r in recs)
             sched_weight += (scheduled[-1] - scheduled[0]) / 1e9
+    if weight == 0 and peaks:
+        weighted, weight = float(sum(peaks)), float(len(peaks))
     if weight == 0:
         return LoadCheck(kind=kind, target=target)
     achieved = weighted / weight

@@ -1,0 +1,84 @@
+"""Markdown summary of benchmark results and their comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from specserve.bench.compare import Comparison
+from specserve.bench.results import BenchResult
+from specserve.report.tables import (
+    CATEGORY_HEADER,
+    COMPARE_HEADER,
+    PARITY_HEADER,
+    RUN_HEADER,
+    category_rows,
+    compare_rows,
+    num,
+    parity_rows,
+    run_rows,
+)
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(header), line(["---"] * len(header)), *map(line, rows)])
+
+
+def render_markdown(results: Sequence[BenchResult], comparison: Comparison | None) -> str:
+    """The Markdown report; latencies in ms, definitions in docs/metrics.md."""
+    out = [
+        "# specserve benchmark report",
+        "",
+        "Latencies in ms (p50 / p90). Definitions: docs/metrics.md. "
+        "llmperf-style ITL = E2E / chunks (includes TTFT, one token per chunk), for "
+        "comparison with published llmperf numbers only.",
+        "",
+        "## Runs",
+        "",
+        md_table(RUN_HEADER, run_rows(results)),
+        "",
+        "## Per category",
+        "",
+        md_table(CATEGORY_HEADER, category_rows(results)),
+        "",
+    ]
+    acc_rows = [
+        [r.label, r.load_name, ", ".join(num(a) for a in r.acceptance.per_position) or "–"]
+        for r in results
+        if r.acceptance.available
+    ]
+    if acc_rows:
+        out += [
+            "## Acceptance per position",
+            "",
+            md_table(["arm", "load", "α per position (0..k−1)"], acc_rows),
+            "",
+        ]
+    if comparison is not None:
+        out += [
+            f"## Comparison with baseline `{comparison.baseline}`",
+            "",
+            "speedup = ratio of medians (> 1: candidate better), bootstrap 95 % CI over requests.",
+            "",
+            md_table(COMPARE_HEADER, compare_rows(comparison)),
+            "",
+            "## Output parity",
+            "",
+            md_table(PARITY_HEADER, parity_rows(comparison)),
+            "",
+        ]
+        out += ["## Regressions", ""]
+        out += [f"- {note}" for note in comparison.regressions] or ["none flagged"]
+        out.append("")
+    return "\n".join(out)
+
+
+def write_markdown(
+    results: Sequence[BenchResult], comparison: Comparison | None, path: str | Path
+) -> Path:
+    p = Path(path)
+    p.write_text(render_markdown(results, comparison))
+    return p
