@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specserve.yaml_config import load_yaml_model
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -160,22 +161,7 @@ class ExperimentConfig(BaseModel):
 
 
 def load_config(path: str | Path | None) -> ExperimentConfig:
-    """Read and validate a YAML config; None gives the embedded default experiment."""
+    """Read and validate a YAML config; None gives the embedded default."""
     if path is None:
         return ExperimentConfig()
-    p = Path(path)
-    if not p.is_file():
-        raise ExperimentConfigError(f"experiment config {p} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ExperimentConfigError(f"{p}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ExperimentConfigError(f"{p}: top level must be a mapping, got {type(data).__name__}")
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()
-        )
-        raise ExperimentConfigError(f"{p}: invalid experiment config: {problems}") from e
+    return load_yaml_model(path, ExperimentConfig, ExperimentConfigError, "experiment config")
