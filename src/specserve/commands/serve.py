@@ -15,7 +15,14 @@ import re
 import sys
 from typing import Any
 
-from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from specserve.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpecConfig,
+    SpecMethod,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +93,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="name clients use in 'model' (default --model)")
-    p.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration an argument namespace asks for (ValueError if invalid)."""
-    method = args.spec_method or ("draft" if args.draft_model else "none")
+    method: SpecMethod = args.spec_method or ("draft" if args.draft_model else "none")
     return EngineConfig(
         model=ModelConfig(
             model=args.model,

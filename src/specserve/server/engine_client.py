@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
+from specserve.engine.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
 
@@ -25,32 +26,13 @@ class Tokenizer(Protocol):
     ) -> str: ...
 
 
-class SpecSummary(Protocol):
-    """Per-request acceptance counters carried by a request output."""
-
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-
-    @property
-    def mean_acceptance_length(self) -> float: ...
-
-
-class EngineOutput(Protocol):
-    """One streamed step of one request (the engine's ``RequestOutput``)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    text_delta: str
-    num_prompt_tokens: int
-    num_generated_tokens: int
-    finished: bool
-    finish_reason: str | None
-    spec: SpecSummary | None
+# One streamed step of one request: the engine's own dataclass (its fields only grow).
+EngineOutput = RequestOutput
 
 
 class EngineClient(Protocol):
-    tokenizer: Any
+    tokenizer: Any  # a Tokenizer, or None for token-id-only engines
+    arch: Any  # the target's ArchConfig (vocab_size)
     model_name: str
     max_model_len: int
 

@@ -52,16 +52,16 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
 
 
 class OpenAIModel(BaseModel):
-    """Base for request bodies: unknown keys are kept (then checked by
-    :func:`find_unsupported_field`) so the error can name them."""
+    """Base for request bodies: strict types (``"5"`` is not an int), unknown keys kept (then
+    checked by :func:`find_unsupported_field`) so the error can name them."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(BaseModel):
     """``stream_options`` of a streaming request."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = Field(
         False, description="Send a final chunk with empty choices carrying the usage."
@@ -116,7 +116,7 @@ class CompletionRequest(SamplingFields):
 class TextContentPart(BaseModel):
     """A ``{"type": "text", "text": ...}`` part of a chat message's content."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
     text: str
@@ -125,7 +125,7 @@ class TextContentPart(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message; content is text or a list of text parts."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextContentPart] | None = None

@@ -39,7 +39,7 @@ def chat_prompt_ids(body: ChatCompletionRequest, state: ServerState) -> list[int
     The template already holds any special tokens the model wants (BOS, turn markers), so
     the text is encoded without adding more.
     """
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.tokenizer
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
         text = tokenizer.apply_chat_template(

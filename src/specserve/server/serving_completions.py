@@ -35,7 +35,6 @@ CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; the client never 
 def prompt_token_ids(body: CompletionRequest, state: ServerState) -> list[int]:
     """Tokenise the prompt (text, one-element list of text, or token ids)."""
     prompt = body.prompt
-    tokenizer = state.engine.tokenizer
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) > 1:
             raise UnsupportedFieldError(
@@ -47,7 +46,7 @@ def prompt_token_ids(body: CompletionRequest, state: ServerState) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise BadRequestError("prompt must not be empty", param="prompt")
-        ids = list(tokenizer.encode(prompt, add_special_tokens=True))
+        ids = list(state.tokenizer.encode(prompt, add_special_tokens=True))
     else:
         ids = [int(t) for t in prompt]
     check_prompt_ids(ids, state.vocab_size, "prompt")

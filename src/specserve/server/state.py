@@ -8,9 +8,15 @@ Terms:
 
 from __future__ import annotations
 
+from typing import Any
+
 from specserve.engine.outputs import EngineStats
 from specserve.server.engine_client import EngineClient
-from specserve.server.errors import ModelNotFoundError, ServiceUnavailableError
+from specserve.server.errors import (
+    BadRequestError,
+    ModelNotFoundError,
+    ServiceUnavailableError,
+)
 from specserve.server.metrics import ServerMetrics
 
 
@@ -29,6 +35,11 @@ class ServerState:
         return self._engine is not None and not self.draining
 
     def set_engine(self, engine: EngineClient) -> None:
+        """Make ``engine`` the served engine and subscribe to its per-step statistics."""
+        inner = getattr(engine, "engine", engine)  # AsyncEngine wraps the stepping LLMEngine
+        add_listener = getattr(inner, "add_step_listener", None)
+        if add_listener is not None:
+            add_listener(self.metrics.steps.observe_step)
         self._engine = engine
 
     @property
@@ -48,8 +59,16 @@ class ServerState:
 
     @property
     def vocab_size(self) -> int:
+        """Token ids the model accepts (its embedding rows; may exceed the tokenizer's)."""
+        return int(self.engine.arch.vocab_size)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The engine's tokenizer; 400 for text input to a token-id-only engine."""
         tok = self.engine.tokenizer
-        return int(tok.vocab_size)
+        if tok is None:
+            raise BadRequestError("this engine has no tokenizer; send token ids as the prompt")
+        return tok
 
     def check_model(self, model: str) -> None:
         """404 unless ``model`` names the served model."""
