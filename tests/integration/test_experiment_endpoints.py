@@ -48,3 +48,7 @@ def test_experiment_on_endpoints_writes_results(tmp_path: Path, capsys) -> None:
     assert float(cells[4].split("×")[0]) > 1.5
     assert cells[10] != "–"
     assert (out / "config.yaml").is_file()
+    index = (out / "report.html").read_text()
+    assert "runs/c1/structured/report.html" in index
+    for suite in ("structured", "open-ended"):
+        assert "<svg" in (out / "runs" / "c1" / suite / "report.html").read_text()

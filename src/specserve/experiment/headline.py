@@ -8,6 +8,8 @@ that suite's run), the exact-match rate of outputs between arms and the sample c
 
 from __future__ import annotations
 
+from html import escape
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specserve.bench.compare import CategoryComparison, MetricComparison
@@ -95,3 +97,32 @@ def headline_text(outcome: ExperimentOutcome) -> str:
     table = [list(COLUMNS), *headline_rows(outcome)]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
+
+
+def index_html(outcome: ExperimentOutcome) -> str:
+    """The results folder's report.html: the headline table, then each run's own report
+    (runs/c<concurrency>/<suite>/report.html, self-contained) embedded below it."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
+        for row in headline_rows(outcome)
+    )
+    cells = []
+    for conc, suite in outcome.comparisons:
+        rel = f"runs/c{conc}/{Path(suite).stem}/report.html"
+        cells.append(
+            f"<h2>Suite {escape(suite)}, concurrency {conc}</h2>"
+            f"<p><a href='{escape(rel)}'>{escape(rel)}</a></p>"
+            f"<iframe src='{escape(rel)}' title='{escape(suite)} c{conc}'></iframe>"
+        )
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<title>specserve experiment</title><style>"
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+        "iframe{width:100%;height:1400px;border:1px solid #ccc}</style></head><body>"
+        "<h1>specserve experiment: baseline vs speculative</h1>"
+        "<p>TPOT speedup = median baseline TPOT / median speculative TPOT, bootstrap 95 % CI; "
+        "acceptance from the speculative server's /metrics deltas over that suite's run.</p>"
+        f"<table><tr>{head}</tr>{body}</table>" + "".join(cells) + "</body></html>"
+    )

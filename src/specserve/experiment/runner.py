@@ -24,6 +24,7 @@ from specserve.bench.runner import run_ab
 from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.experiment.config import Endpoint, ExperimentConfig, ServersSpec
 from specserve.experiment.server_process import ServerProcess
+from specserve.report.html import write_report
 
 logger = logging.getLogger(__name__)
 
@@ -165,13 +166,14 @@ def run_experiment(
                 comparison = compare(results, baseline="baseline")
                 outcome.comparisons[key] = comparison
                 (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
+                write_report(results, comparison, run_dir)
     write_summary(outcome)
     return outcome
 
 
 def write_summary(outcome: ExperimentOutcome) -> None:
     """comparison.json (all runs) and headline.md in the results folder."""
-    from specserve.experiment.headline import headline_markdown
+    from specserve.experiment.headline import headline_markdown, index_html
 
     all_rows = {
         f"c{c}/{suite}": json.loads(cmp.model_dump_json())
@@ -179,3 +181,4 @@ def write_summary(outcome: ExperimentOutcome) -> None:
     }
     (outcome.output_dir / "comparison.json").write_text(json.dumps(all_rows, indent=1))
     (outcome.output_dir / "headline.md").write_text(headline_markdown(outcome))
+    (outcome.output_dir / "report.html").write_text(index_html(outcome), encoding="utf-8")
