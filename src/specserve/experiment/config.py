@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specserve.bench.spec import LlmperfSpec
 from specserve.yaml_config import load_yaml_model
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -116,6 +117,10 @@ class BenchmarkSpec(BaseModel):
         default=("structured", "open-ended"),
         min_length=1,
         description="Built-in suites, JSONL prompt files or 'llmperf'.",
+    )
+    llmperf: LlmperfSpec = Field(
+        default_factory=LlmperfSpec,
+        description="Prompt construction of the 'llmperf' suite (input/output token targets).",
     )
     endpoint: Literal["chat", "completions"] = Field(default="chat", description="API used.")
     concurrency: tuple[int, ...] = Field(

@@ -114,7 +114,7 @@ def bench_specs(
             model=endpoints[arm].model,
             label=arm,
             endpoint=b.endpoint,
-            workload=WorkloadSpec(suites=(suite,)),
+            workload=WorkloadSpec(suites=(suite,), llmperf=b.llmperf),
             sampling=SamplingSpec(
                 max_tokens=b.max_tokens,
                 min_tokens=b.min_tokens,

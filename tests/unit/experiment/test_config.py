@@ -86,3 +86,12 @@ def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ExperimentConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_shipped_aws_study_example_validates() -> None:
+    root = Path(__file__).resolve().parents[3]
+    cfg = load_config(root / "examples" / "aws-trainium-study.yaml")
+    assert cfg.endpoints is not None and cfg.servers is None
+    assert cfg.benchmark.concurrency == (4,)
+    assert cfg.benchmark.max_tokens == 600
+    assert cfg.benchmark.llmperf.mean_input_tokens == 64
