@@ -4,7 +4,7 @@ Subcommands:
     render CONFIG -o DIR   kustomize base + overlays from a deploy config YAML
     dashboard -o FILE      the Grafana dashboard JSON
     wait URL...            block until every server answers GET /v1/models (bench Job step)
-    emf PATH               CloudWatch EMF lines from benchmark summaries (bench Job step)
+    emf PATH               print the bench's CloudWatch EMF lines to stdout (bench Job step)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from specserve.deploy.config import DeployConfigError, load_deploy_config
-from specserve.deploy.emf import emf_lines
+from specserve.deploy.emf import relay_lines
 from specserve.deploy.render import RenderError, dashboard_json, render
 
 
@@ -46,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--interval-s", type=float, default=10.0, help="poll interval (seconds)")
     p.set_defaults(func=_wait)
 
-    p = sub.add_parser("emf", help="print CloudWatch EMF lines from benchmark summaries")
-    p.add_argument("path", type=Path, help="bench output folder or a summary.json")
-    p.add_argument("--namespace", default="SpecServe/AB", help="CloudWatch namespace")
+    p = sub.add_parser("emf", help="print the bench's CloudWatch EMF lines (emf.jsonl)")
+    p.add_argument("path", type=Path, help="bench output folder or an emf.jsonl file")
+    p.add_argument("--namespace", help="replace the CloudWatch namespace")
     p.add_argument(
         "--dimension",
         action="append",
@@ -112,7 +112,7 @@ def _emf(args: argparse.Namespace) -> int:
             return 2
         dims[key] = value
     try:
-        lines = emf_lines(args.path, args.namespace, dims, int(time.time() * 1000))
+        lines = relay_lines(args.path, args.namespace, dims)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

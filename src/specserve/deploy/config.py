@@ -193,10 +193,10 @@ class PlatformsSpec(_Strict):
 
 
 class EmfSpec(_Strict):
-    """CloudWatch embedded metric format lines printed by the bench Job after the run."""
+    """The bench's CloudWatch embedded-metric-format lines, printed to the Job's log."""
 
     namespace: str = Field(
-        default="SpecServe/AB", min_length=1, description="CloudWatch namespace."
+        default="specserve/bench", min_length=1, description="CloudWatch namespace."
     )
 
 

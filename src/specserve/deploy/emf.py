@@ -1,103 +1,66 @@
-"""CloudWatch embedded metric format (EMF) records from benchmark summaries.
+"""Relay the benchmark's CloudWatch embedded metric format (EMF) lines to stdout.
 
-A benchmark run writes one ``summary.json`` per arm (in sub-folders of its output folder).
-Each numeric leaf of a summary becomes one metric named by its dotted path
-(``ttft_s.p50``); the sub-folder becomes the ``Arm`` dimension. The records are printed as
-one JSON object per line: CloudWatch Logs turns any log event carrying the ``_aws`` key into
-metrics, so a Job's stdout shipped by Container Insights / Fluent Bit is enough.
+``specserve bench`` writes ``emf.jsonl`` next to its report (``specserve.report.emf`` defines
+the metrics: TTFT/TPOT/ITL/E2E percentiles, throughput, acceptance, per arm and test case).
+In a Kubernetes Job nothing reads that file; printing the lines puts them in the pod log,
+and CloudWatch Logs turns every log event that carries the ``_aws`` key into metrics (the
+Container Insights / Fluent Bit agent ships the log). On the way, the namespace can be
+replaced and deployment dimensions (e.g. ``Deployment=<name>``) added to every record.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-MAX_METRICS_PER_RECORD = 100  # EMF limit per metric directive
-SUMMARY_FILE = "summary.json"
+EMF_FILE = "emf.jsonl"
+MAX_DIMENSIONS = 30  # CloudWatch limit per dimension set
 
 
-def flatten_numbers(obj: Any, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of nested dicts as ``{"a.b": value}`` (bools and lists are skipped)."""
-    out: dict[str, float] = {}
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
-            out.update(flatten_numbers(value, name))
-    elif isinstance(obj, int | float) and not isinstance(obj, bool):
-        out[prefix] = float(obj)
-    return out
-
-
-def unit_of(name: str) -> str:
-    """EMF unit guessed from the metric's unit suffix (``_s``, ``_ms``, ...)."""
-    leaf_parts = name.split(".")
-    for part in reversed(leaf_parts):
-        if part.endswith("_ms"):
-            return "Milliseconds"
-        if part.endswith("_s"):
-            return "Seconds"
-        if part.endswith(("_tps", "_tok_s")):
-            return "Count/Second"
-    return "None"
-
-
-def find_summaries(root: Path) -> list[tuple[str, Path]]:
-    """``(arm label, summary path)`` for every summary under ``root`` (sorted)."""
+def find_emf_files(root: Path) -> list[Path]:
+    """``root`` itself if it is a file, else every ``emf.jsonl`` below it (sorted)."""
     if root.is_file():
-        return [(root.parent.name, root)]
-    found = sorted(root.rglob(SUMMARY_FILE))
-    return [(str(p.parent.relative_to(root)).replace("/", ".") or "run", p) for p in found]
+        return [root]
+    return sorted(root.rglob(EMF_FILE))
 
 
-def emf_records(
-    metrics: dict[str, float],
-    namespace: str,
-    dimensions: dict[str, str],
-    timestamp_ms: int,
-) -> Iterator[dict[str, Any]]:
-    """EMF records carrying ``metrics``, at most 100 metrics each."""
-    names = sorted(metrics)
-    for start in range(0, len(names), MAX_METRICS_PER_RECORD):
-        chunk = names[start : start + MAX_METRICS_PER_RECORD]
-        yield {
-            "_aws": {
-                "Timestamp": timestamp_ms,
-                "CloudWatchMetrics": [
-                    {
-                        "Namespace": namespace,
-                        "Dimensions": [sorted(dimensions)],
-                        "Metrics": [{"Name": n, "Unit": unit_of(n)} for n in chunk],
-                    }
-                ],
-            },
-            **dimensions,
-            **{n: metrics[n] for n in chunk},
-        }
+def relabel(record: dict[str, Any], namespace: str | None, dimensions: dict[str, str]) -> None:
+    """Set the namespace and add ``dimensions`` to every dimension set of one record."""
+    for directive in record["_aws"]["CloudWatchMetrics"]:
+        if namespace is not None:
+            directive["Namespace"] = namespace
+        sets = directive.get("Dimensions") or [[]]
+        directive["Dimensions"] = [[*s, *(d for d in dimensions if d not in s)] for s in sets]
+        if any(len(s) > MAX_DIMENSIONS for s in directive["Dimensions"]):
+            raise ValueError(f"more than {MAX_DIMENSIONS} dimensions in one set")
+    record.update(dimensions)
 
 
-def emf_lines(
-    root: str | Path, namespace: str, dimensions: dict[str, str], timestamp_ms: int
-) -> list[str]:
-    """All EMF lines for the summaries under ``root``.
+def relay_lines(root: str | Path, namespace: str | None, dimensions: dict[str, str]) -> list[str]:
+    """The EMF records under ``root``, relabelled, one JSON object per line.
 
     Raises:
-        FileNotFoundError: ``root`` does not exist or holds no ``summary.json``.
-        ValueError: a summary is not a JSON object.
+        FileNotFoundError: ``root`` does not exist or holds no ``emf.jsonl``.
+        ValueError: a line is not an EMF record (names the file and line).
     """
     path = Path(root)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder")
-    summaries = find_summaries(path)
-    if not summaries:
-        raise FileNotFoundError(f"{path}: no {SUMMARY_FILE} found")
-    lines = []
-    for arm, summary_path in summaries:
-        data = json.loads(summary_path.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"{summary_path}: expected a JSON object")
-        dims = {**dimensions, "Arm": arm}
-        for record in emf_records(flatten_numbers(data), namespace, dims, timestamp_ms):
-            lines.append(json.dumps(record, sort_keys=False))
-    return lines
+    files = find_emf_files(path)
+    if not files:
+        raise FileNotFoundError(f"{path}: no {EMF_FILE} found")
+    out = []
+    for file in files:
+        for lineno, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record["_aws"]["CloudWatchMetrics"], list):
+                    raise TypeError
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{file}:{lineno}: not an EMF record") from e
+            relabel(record, namespace, dimensions)
+            out.append(json.dumps(record, sort_keys=True))
+    return out

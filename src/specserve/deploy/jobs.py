@@ -3,7 +3,7 @@
 The Job runs specserve's CPU image (the bench speaks HTTP only, so it needs no accelerator):
 ``specserve deploy wait`` until both arms answer ``/v1/models``, then ``specserve bench`` with
 ``--baseline`` and ``--candidate`` (the bench alternates the arms), writing to a PVC, then
-optionally ``specserve deploy emf`` to print CloudWatch embedded-metric-format lines.
+optionally ``specserve deploy emf`` to print the run's CloudWatch EMF lines to the log.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def bench_args(cfg: DeployConfig) -> list[str]:
         f"--model={cfg.target.name}",
         f"--endpoint={b.endpoint}",
     ]
-    args += [f"--suite={s}" for s in b.suites]
     args += [
+        f"--suite={','.join(b.suites)}",
         f"--concurrency={b.concurrency}",
         f"--num-requests={b.num_requests}",
         f"--max-tokens={b.max_tokens}",
@@ -76,7 +76,7 @@ def bench_args(cfg: DeployConfig) -> list[str]:
 
 
 def emf_args(cfg: DeployConfig) -> list[str]:
-    """Arguments after ``specserve``: EMF lines from the run's summaries, to stdout."""
+    """Arguments after ``specserve``: the run's EMF lines (``emf.jsonl``) to stdout."""
     assert cfg.bench.cloudwatch_emf is not None
     return [
         "deploy",
