@@ -126,7 +126,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from specserve.engine import AsyncEngine
+    from specserve.engine.async_engine import AsyncEngine
     from specserve.server.app import create_app
 
     logging.basicConfig(
