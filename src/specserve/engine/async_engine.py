@@ -20,6 +20,7 @@ from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestOutput
 from specserve.engine.request import QueueFullError
 from specserve.models.arch import ArchConfig
+from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,21 @@ class AsyncEngine:
 
         engine = build_engine(config)
         return cls(engine)
+
+    @classmethod
+    def from_models(
+        cls,
+        config: EngineConfig,
+        target: DecoderLM,
+        tokenizer: Any = None,
+        draft: DecoderLM | None = None,
+        model_name: str | None = None,
+    ) -> AsyncEngine:
+        """Build around already-loaded models (tests, benchmarks); ``config.model`` supplies
+        only the name and ``max_model_len``."""
+        from specserve.engine.builder import build_engine_from_models
+
+        return cls(build_engine_from_models(config, target, tokenizer, draft, model_name))
 
     # --- client side (event loop) ------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -42,10 +43,20 @@ from specserve.spec.rejection_sampler import rejection_sample
 logger = logging.getLogger(__name__)
 
 
-class KController(KChooser):
-    """What the engine needs from ``spec/k_controller.py`` beyond choosing k."""
+class KControl(KChooser, Protocol):
+    """What the engine needs from ``spec/k_controller.py``: choose k (load-aware: it sees the
+    batch size), learn acceptance, learn measured step costs, forget finished requests."""
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
+
+    def record_cost(
+        self,
+        draft_s: float,
+        num_draft_steps: int,
+        verify_s: float,
+        num_verified_tokens: int,
+        batch_size: int = 1,
+    ) -> None: ...
 
     def release(self, request_id: str) -> None: ...
 
@@ -71,7 +82,7 @@ class LLMEngine:
         scheduler: SchedulerConfig | None = None,
         spec: SpecConfig | None = None,
         proposer: Proposer | None = None,
-        k_controller: KController | None = None,
+        k_controller: KControl | None = None,
         model_name: str = "model",
         max_model_len: int | None = None,
     ) -> None:
@@ -199,6 +210,7 @@ class LLMEngine:
             sampled = self._verify(sched.scheduled, proposals)
             stats.verify_s = time.perf_counter() - t0
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
+            self._record_cost(sched.scheduled, proposals, stats)
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.kv_cache_usage = self.kv.pool.usage
@@ -235,6 +247,22 @@ class LLMEngine:
                 proposals[i] = p
             stats.draft_s = time.perf_counter() - t0
         return proposals
+
+    def _record_cost(
+        self, scheduled: list[ScheduledRequest], proposals: list[Proposal], stats: StepStats
+    ) -> None:
+        """Feed the k controller the measured costs of a pure decode/verify step (a step with a
+        prefill chunk says nothing about decode cost, so it is not recorded)."""
+        if self.k_controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
+            return
+        num_draft_steps = max(len(p) for p in proposals)
+        self.k_controller.record_cost(
+            stats.draft_s,
+            num_draft_steps,
+            stats.verify_s,
+            num_draft_steps + 1,
+            batch_size=len(scheduled),
+        )
 
     def _verify(
         self, scheduled: list[ScheduledRequest], proposals: list[Proposal]

@@ -1,0 +1,119 @@
+"""Build an :class:`LLMEngine` from an :class:`EngineConfig`: load the target (and the draft),
+size the KV cache, and pick the proposer and k controller the :class:`SpecConfig` asks for."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
+from specserve.engine.llm_engine import LLMEngine
+from specserve.models.decoder import DecoderLM
+from specserve.spec.k_controller import KController
+from specserve.spec.proposer import Proposer
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_spec(
+    spec: SpecConfig,
+    target: DecoderLM,
+    draft: DecoderLM | None = None,
+    *,
+    scheduler: SchedulerConfig | None = None,
+    max_model_len: int = 4096,
+    block_size: int = 16,
+) -> tuple[Proposer | None, KController | None]:
+    """The proposer and k controller for ``spec`` (both None when speculation is off).
+
+    Raises:
+        ValueError: method ``draft`` without a draft model.
+    """
+    if not spec.enabled:
+        return None, None
+    fixed_k = spec.num_speculative_tokens
+    k_max = max(spec.k_max, fixed_k or 0)
+    controller = KController(k_max, fixed_k=fixed_k)
+    proposer: Proposer
+    if spec.method == "ngram":
+        from specserve.spec.ngram import NgramProposer
+
+        proposer = NgramProposer(spec.ngram_min, spec.ngram_max)
+    elif spec.method == "suffix":
+        from specserve.spec.suffix import SuffixProposer
+
+        proposer = SuffixProposer()
+    elif spec.method == "draft":
+        if draft is None:
+            raise ValueError("speculative method 'draft' needs a draft model")
+        from specserve.spec.draft_model import DraftModelProposer
+
+        proposer = DraftModelProposer(
+            draft,
+            target.cfg.vocab_size,
+            max_num_seqs=(scheduler or SchedulerConfig()).max_num_seqs,
+            max_model_len=max_model_len + k_max + 1,
+            block_size=block_size,
+        )
+    else:  # pragma: no cover - SpecConfig validates the method
+        raise ValueError(f"unknown speculative method {spec.method!r}")
+    return proposer, controller
+
+
+def build_engine_from_models(
+    config: EngineConfig,
+    target: DecoderLM,
+    tokenizer: object = None,
+    draft: DecoderLM | None = None,
+    model_name: str | None = None,
+) -> LLMEngine:
+    """An engine over already-built models (tests, benchmarks)."""
+    limit = min(config.model.max_model_len or 1 << 62, target.cfg.max_position_embeddings)
+    proposer, controller = build_spec(
+        config.spec,
+        target,
+        draft,
+        scheduler=config.scheduler,
+        max_model_len=limit,
+        block_size=config.cache.block_size,
+    )
+    torch.manual_seed(config.seed)
+    eos = getattr(tokenizer, "eos_token_ids", None)
+    return LLMEngine(
+        target,
+        tokenizer=tokenizer,  # type: ignore[arg-type]
+        eos_token_ids=tuple(eos) if eos is not None else None,
+        cache=config.cache,
+        scheduler=config.scheduler,
+        spec=config.spec,
+        proposer=proposer,
+        k_controller=controller,
+        model_name=model_name or config.model.model,
+        max_model_len=config.model.max_model_len,
+    )
+
+
+def build_engine(config: EngineConfig) -> LLMEngine:
+    """Load the models named in ``config`` (``specserve.loading.load_model``) and build."""
+    from specserve.loading import load_model
+
+    dtype = DTYPES[config.model.dtype]
+    target = load_model(config.model.model, dtype=dtype, device=config.model.device)
+    draft = None
+    if config.spec.method == "draft" and config.spec.enabled:
+        assert config.spec.draft_model is not None
+        draft_lm = load_model(config.spec.draft_model, dtype=dtype, device=config.model.device)
+        from specserve.spec.draft_model import check_vocab_compatible
+
+        check_vocab_compatible(
+            target.arch.vocab_size,
+            draft_lm.arch.vocab_size,
+            target.tokenizer,
+            draft_lm.tokenizer,
+        )
+        draft = draft_lm.model
+    logger.info("loaded %s (%s, %s)", config.model.model, config.model.dtype, config.model.device)
+    return build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)

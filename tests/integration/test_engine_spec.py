@@ -1,0 +1,136 @@
+"""Speculative continuous batching is lossless: greedy fp32 output equals plain generation for
+every method (n-gram, suffix, draft model) and k, with staggered arrivals, preemption and
+adaptive k; the acceptance counters add up."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tests.conftest import make_tiny_model
+from tests.integration.test_engine_plain import run_staggered, tokens_of
+
+from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from specserve.engine.builder import build_engine_from_models
+from specserve.engine.generate import generate_plain
+from specserve.engine.llm_engine import LLMEngine
+from specserve.models.decoder import DecoderLM
+from specserve.sampling_params import SamplingParams
+
+VOCAB = 13  # a small vocabulary makes n-gram / suffix matches (and acceptances) common
+
+
+def make_engine(
+    target: DecoderLM,
+    method: str,
+    k: int | None,
+    draft: DecoderLM | None = None,
+    num_blocks: int = 120,
+    max_num_seqs: int = 4,
+) -> LLMEngine:
+    config = EngineConfig(
+        model=ModelConfig("tiny"),
+        cache=CacheConfig(block_size=4, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32),
+        spec=SpecConfig(
+            method=method,  # type: ignore[arg-type]
+            num_speculative_tokens=k,
+            k_max=7,
+            ngram_min=1,
+            ngram_max=3,
+            draft_model="tiny-draft" if method == "draft" else None,
+        ),
+    )
+    return build_engine_from_models(config, target, draft=draft)
+
+
+def prompts_and_params(n: int, seed: int) -> tuple[dict[str, list[int]], dict[str, SamplingParams]]:
+    rng = random.Random(seed)
+    prompts = {
+        f"r{i}": [rng.randrange(VOCAB - 1) for _ in range(rng.randint(2, 30))] for i in range(n)
+    }
+    params = {rid: SamplingParams(max_tokens=rng.randint(6, 20)) for rid in prompts}
+    return prompts, params
+
+
+def assert_equals_plain(engine: LLMEngine, target: DecoderLM, n: int = 5, seed: int = 0) -> None:
+    prompts, params = prompts_and_params(n, seed)
+    outs = run_staggered(engine, prompts, params, {rid: i for i, rid in enumerate(prompts)})
+    for rid, prompt in prompts.items():
+        ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid
+        assert outs[rid][-1].finish_reason == ref.finish_reason
+    engine.kv.check_invariants()
+    assert engine.kv.pool.num_used_blocks == 0
+    stats = engine.stats()
+    per_request = [outs[rid][-1].spec for rid in prompts]
+    assert all(s is not None for s in per_request)
+    assert sum(s.num_draft_tokens for s in per_request if s) == stats.spec.num_draft_tokens
+    assert sum(stats.spec.num_accepted_tokens_per_pos) == stats.spec.num_accepted_tokens
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft"])
+def test_speculative_batch_equals_plain(method: str, k: int) -> None:
+    target = make_tiny_model("qwen3", vocab_size=VOCAB)
+    draft = make_tiny_model("qwen3", seed=1, vocab_size=VOCAB) if method == "draft" else None
+    engine = make_engine(target, method, k, draft)
+    assert_equals_plain(engine, target)
+    assert engine.stats().spec.num_drafts > 0
+
+
+def test_draft_equal_to_target_accepts_everything() -> None:
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    engine = make_engine(target, "draft", 3, draft=target)
+    prompts, params = prompts_and_params(3, seed=1)
+    params = {rid: SamplingParams(max_tokens=13, ignore_eos=True) for rid in prompts}
+    run_staggered(engine, prompts, params, {rid: 0 for rid in prompts})
+    spec = engine.stats().spec
+    assert spec.num_drafts > 0 and spec.num_accepted_tokens == spec.num_draft_tokens
+    assert spec.mean_acceptance_length == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_adaptive_k_equals_plain(method: str) -> None:
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    draft = make_tiny_model("llama", seed=3, vocab_size=VOCAB) if method == "draft" else None
+    engine = make_engine(target, method, None, draft)
+    assert_equals_plain(engine, target, seed=2)
+    assert sum(engine.stats().k_chosen_counts.values()) > 0
+
+
+def test_preemption_then_recompute_gives_identical_output() -> None:
+    target = make_tiny_model("qwen2", vocab_size=VOCAB)
+    # 12 usable blocks of 4 slots cannot hold 4 requests of up to 50 tokens: preemptions.
+    engine = make_engine(target, "ngram", 3, num_blocks=13)
+    rng = random.Random(5)
+    prompts = {f"r{i}": [rng.randrange(VOCAB - 1) for _ in range(12)] for i in range(4)}
+    params = {rid: SamplingParams(max_tokens=30, ignore_eos=True) for rid in prompts}
+    outs = run_staggered(engine, prompts, params, {rid: 0 for rid in prompts})
+    assert engine.stats().num_preemptions > 0
+    assert any(outs[rid][-1].num_preemptions > 0 for rid in prompts)
+    for rid, prompt in prompts.items():
+        ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid
+    engine.kv.check_invariants()
+    assert engine.kv.pool.num_used_blocks == 0
+
+
+def test_abort_mid_speculation_frees_everything() -> None:
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    engine = make_engine(target, "draft", 5, draft=make_tiny_model("llama", 2, vocab_size=VOCAB))
+    for i in range(3):
+        engine.add_request(
+            f"r{i}", [1, 2, 3, 4, 5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True)
+        )
+    for _ in range(4):
+        engine.step()
+    assert engine.kv.pool.num_used_blocks > 0
+    for i in range(3):
+        out = engine.abort_request(f"r{i}")
+        assert out is not None and out.finished and out.finish_reason == "abort"
+    assert engine.abort_request("r0") is None
+    assert not engine.has_unfinished_requests()
+    engine.kv.check_invariants()
+    assert engine.kv.pool.num_used_blocks == 0
+    assert engine.step() == []
