@@ -23,4 +23,5 @@ def arrival_offsets_s(
     while (count is None or i < count) and (duration_s is None or t < duration_s):
         yield t
         i += 1
-        t += 1.0 / load.rate_rps if load.arrival == "constant" else rng.expovariate(load.rate_rps)
+        # constant: i / rate, not a running sum (0.1 added ten times is < 1.0)
+        t = i / load.rate_rps if load.arrival == "constant" else t + rng.expovariate(load.rate_rps)

@@ -46,6 +46,7 @@ class MockConfig:
     fail_after_tokens: int | None = None  # send an error event after this many tokens
     abort_after_tokens: int | None = None  # drop the connection after this many tokens
     stall_after_tokens: int | None = None  # stop sending (hang) after this many tokens
+    stamp_send_time: bool = False  # prefix each chunk's text with " @<perf_counter_ns>"
     spec_k: int = 0  # >0: expose vLLM spec-decode counters as if k tokens were drafted per step
     total_suffix: bool = True  # counters named ..._total (vLLM) or without the suffix
     model: str = "mock-model"
@@ -209,7 +210,10 @@ class MockServer:
                 await self._event(w, chunk("", done))
             done += k
             finish = "length" if done == num_tokens else None
-            await self._event(w, chunk("".join(texts[done - k : done]), done, finish))
+            text = "".join(texts[done - k : done])
+            if cfg.stamp_send_time:  # CLOCK_MONOTONIC: comparable across local processes
+                text = f" @{time.perf_counter_ns()}" + text
+            await self._event(w, chunk(text, done, finish))
             self.counters.step(k)
             if cfg.fail_after_tokens is not None and done >= cfg.fail_after_tokens:
                 err = {"error": {"message": "injected mid-stream failure", "code": 500}}
@@ -304,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--spec-k", type=int, default=0)
+    p.add_argument("--stamp-send-time", action="store_true")
     p.add_argument("--model", default="mock-model")
     a = p.parse_args(argv)
     cfg = MockConfig(
@@ -314,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         error_rate=a.error_rate,
         seed=a.seed,
         spec_k=a.spec_k,
+        stamp_send_time=a.stamp_send_time,
         model=a.model,
     )
     logging.basicConfig(level=logging.INFO)

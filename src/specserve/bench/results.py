@@ -47,6 +47,9 @@ class Manifest(BaseModel):
     client: str = Field(default=f"specserve-bench {__version__}", description="Client version.")
     machine: dict = Field(default_factory=machine_info)
     started_at: str = Field(description="UTC start time, ISO 8601.")
+    t0_perf_counter_ns: int | None = Field(
+        default=None, description="perf_counter_ns() at the run start; record times are after it."
+    )
 
 
 class BenchResult(BaseModel):

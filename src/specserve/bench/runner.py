@@ -109,8 +109,28 @@ async def _run_arms(specs: list[BenchSpec], batch_size: int | None) -> list[Benc
 
 
 def _result(arm: Arm, prompts_hash: str, num_prompts: int, started: str) -> BenchResult:
-    spec = arm.spec
-    records = [derive(r) for r in arm.records]
+    acceptance = (
+        Acceptance.from_delta(arm.spec_delta)
+        if arm.scrape_error is None
+        else Acceptance(available=False, note=arm.scrape_error)
+    )
+    manifest = Manifest(
+        spec=arm.spec.model_dump(mode="json"),
+        server_models=arm.server_models,
+        server_info_error=arm.server_info_error,
+        prompt_set_hash=prompts_hash,
+        num_prompts=num_prompts,
+        started_at=started,
+        t0_perf_counter_ns=arm.t0_ns,
+    )
+    return result_from_records(arm.spec, arm.records, acceptance, manifest)
+
+
+def result_from_records(
+    spec: BenchSpec, records: Sequence[RequestRecord], acceptance: Acceptance, manifest: Manifest
+) -> BenchResult:
+    """Derive metrics of ``records`` and summarise them into the result of ``spec``'s arm."""
+    records = [derive(r) for r in records]
     measured = [r for r in records if not r.warmup]
     by_cat: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in measured:
@@ -138,23 +158,11 @@ def _result(arm: Arm, prompts_hash: str, num_prompts: int, started: str) -> Benc
             target,
             100 * (load_check.drift or 0.0),
         )
-    acceptance = (
-        Acceptance.from_delta(arm.spec_delta)
-        if arm.scrape_error is None
-        else Acceptance(available=False, note=arm.scrape_error)
-    )
     return BenchResult(
         label=spec.label,
         concurrency=spec.load.concurrency if isinstance(spec.load, ClosedLoop) else None,
         rate_rps=None if isinstance(spec.load, ClosedLoop) else spec.load.rate_rps,
-        manifest=Manifest(
-            spec=spec.model_dump(mode="json"),
-            server_models=arm.server_models,
-            server_info_error=arm.server_info_error,
-            prompt_set_hash=prompts_hash,
-            num_prompts=num_prompts,
-            started_at=started,
-        ),
+        manifest=manifest,
         load_check=load_check,
         window_s=window_s,
         output_throughput_tps=sum(r.num_tokens for r in ok) / window_s if window_s > 0 else 0.0,

@@ -52,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     work = p.add_argument_group("workload")
     work.add_argument(
         "--suite",
-        default="structured,open-ended",
-        help="comma list of: structured, open-ended, llmperf, FILE.jsonl",
+        action="append",
+        help="comma list of: structured, open-ended, llmperf, FILE.jsonl; repeatable "
+        "(default structured,open-ended)",
     )
     work.add_argument("--categories", help="comma list of categories to keep")
     work.add_argument("--llmperf-input-tokens", type=int, default=550)
@@ -104,7 +105,12 @@ def _arms(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
     """One list of arm specs per load point."""
     workload = WorkloadSpec(
-        suites=tuple(s.strip() for s in args.suite.split(",") if s.strip()),
+        suites=tuple(
+            s.strip()
+            for arg in (args.suite or ["structured,open-ended"])
+            for s in arg.split(",")
+            if s.strip()
+        ),
         categories=tuple(args.categories.split(",")) if args.categories else None,
         llmperf=LlmperfSpec(
             mean_input_tokens=args.llmperf_input_tokens,
