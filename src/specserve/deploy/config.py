@@ -209,6 +209,7 @@ class BenchJobSpec(_Strict):
     concurrency: int = Field(default=1, ge=1, le=4096)
     num_requests: int = Field(default=100, ge=1)
     max_tokens: int = Field(default=256, ge=1)
+    warmup_requests: int = Field(default=2, ge=0, description="Per arm, excluded from results.")
     results_storage: str = Field(default="10Gi", description="Size of the results PVC.")
     results_storage_class: str | None = Field(default=None, description="Default class when unset.")
     cloudwatch_emf: EmfSpec | None = Field(default=None, description="Emit EMF logs when set.")

@@ -70,7 +70,9 @@ def bench_args(cfg: DeployConfig) -> list[str]:
         f"--concurrency={b.concurrency}",
         f"--num-requests={b.num_requests}",
         f"--max-tokens={b.max_tokens}",
+        f"--warmup={b.warmup_requests}",
         f"--output={RESULTS_MOUNT}/$(JOB_NAME)",
+        "--no-progress",  # a progress bar only garbles the pod log
     ]
     return args
 

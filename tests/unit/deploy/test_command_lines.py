@@ -82,6 +82,7 @@ def test_bench_command_lines_parse(demo_builds: dict[str, list[dict[str, Any]]])
             assert arm.workload.suites == ("structured", "open-ended")
             assert arm.endpoint == "chat"
             assert arm.num_requests == 100 and arm.sampling.max_tokens == 256
+            assert arm.warmup_requests == 2 and arm.sampling.temperature == 0.0
 
 
 def test_serve_arms_parse_to_the_intended_speculation(
