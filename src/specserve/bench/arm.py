@@ -127,8 +127,12 @@ class Arm:
                 await asyncio.sleep(max(0.0, (at - self._now()) / 1e9))
                 tasks.append(asyncio.create_task(gated(*self._next(warmup, at, batch))))
             await asyncio.gather(*tasks)
+            sent = len(tasks)
         if not warmup:
-            self.measured_ns += self._now() - start
+            if deadline is not None and sent < count:  # stopped by the clock: budget spent
+                self.measured_ns = int(duration_s * 1e9) if duration_s is not None else 0
+            else:
+                self.measured_ns += self._now() - start
             self.num_measured += sum(1 for r in self.records if r.batch == batch)
             after = await self._scrape() if before is not None else None
             if before is not None and after is not None:

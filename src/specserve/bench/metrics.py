@@ -31,7 +31,8 @@ PERCENTILES = (50, 90, 95, 99)
 
 def chunk_token_counts(chunks: Sequence[ChunkRecord]) -> tuple[list[int], bool, bool]:
     """Tokens carried by each chunk, and flags (chunk counts apportioned, counts estimated)."""
-    continuous = [c.usage_completion_tokens for c in chunks if c.has_choice]
+    # chunks without text (e.g. the chat role chunk) need not carry usage
+    continuous = [c.usage_completion_tokens for c in chunks if c.num_chars > 0]
     if continuous and all(u is not None for u in continuous):
         counts, prev = [], 0
         for c in chunks:

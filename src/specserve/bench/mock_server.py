@@ -43,6 +43,7 @@ class MockConfig:
     empty_chunks: bool = False  # send an empty-content chunk before every content chunk
     split_frames: bool = False  # write each SSE event in three TCP writes, 1 ms apart
     ignore_stream_options: bool = False  # never send usage, whatever the client asks
+    continuous_usage: bool = True  # honour continuous_usage_stats (else final usage only)
     fail_after_tokens: int | None = None  # send an error event after this many tokens
     abort_after_tokens: int | None = None  # drop the connection after this many tokens
     stall_after_tokens: int | None = None  # stop sending (hang) after this many tokens
@@ -79,6 +80,7 @@ class MockServer:
         self.counters = MockCounters(config.spec_k, config.total_suffix)
         self._rng = random.Random(config.seed)
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -89,10 +91,17 @@ class MockServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            for task in list(self._handlers):  # e.g. stalled streams
+                task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -168,7 +177,9 @@ class MockServer:
             return await _send(w, 200, json.dumps(payload).encode())
         opts = request.get("stream_options") or {}
         include_usage = bool(opts.get("include_usage")) and not cfg.ignore_stream_options
-        continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+        continuous = (
+            include_usage and cfg.continuous_usage and bool(opts.get("continuous_usage_stats"))
+        )
         w.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
