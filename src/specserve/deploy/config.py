@@ -143,6 +143,12 @@ class NeuronSpec(_Strict):
     fused_speculation: bool = Field(
         default=True, description="Fuse draft and target into one compiled graph (speculative arm)."
     )
+    neuron_config_key: Literal["override_neuron_config", "neuron_config"] = Field(
+        default="override_neuron_config",
+        description="Key of --additional-config holding Neuron overrides: the NxD Inference "
+        "based plugin (the pinned 0.11.0 DLC) reads override_neuron_config; the newer "
+        "vllm-neuron plugin documents neuron_config (see docs/deploy.md).",
+    )
     compile_cache_claim: str | None = Field(
         default=None, pattern=_NAME, description="PVC for compiled artifacts; default: emptyDir."
     )

@@ -63,7 +63,7 @@ def neuron_additional_config(spec: NeuronSpec) -> str | None:
     """The speculative arm's ``--additional-config`` JSON, or None when nothing to override."""
     if not spec.fused_speculation:
         return None
-    value = {"override_neuron_config": {"enable_fused_speculation": True}}
+    value = {spec.neuron_config_key: {"enable_fused_speculation": True}}
     return json.dumps(value, separators=(", ", ": "))
 
 

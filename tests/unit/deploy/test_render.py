@@ -231,3 +231,23 @@ def test_bench_and_monitoring_can_be_turned_off() -> None:
     assert not any("bench" in f or "servicemonitor" in f or "grafana" in f for f in files)
     dep = yaml.safe_load(files["base/baseline-deployment.yaml"])
     assert "annotations" not in dep["spec"]["template"]["metadata"]
+
+
+def test_neuron_config_key_is_selectable() -> None:
+    platforms = {
+        "neuron": {
+            "neuron_devices": 4,
+            "tensor_parallel_size": 16,
+            "neuron_config_key": "neuron_config",
+        }
+    }
+    files = render_files(make_config(platforms=platforms))
+    patch = yaml.safe_load(files["overlays/neuron/speculative-patch.yaml"])
+    args = patch["spec"]["template"]["spec"]["containers"][0]["args"]
+    (extra,) = [a.split("=", 1)[1] for a in args if a.startswith("--additional-config=")]
+    assert json.loads(extra) == {"neuron_config": {"enable_fused_speculation": True}}
+    platforms["neuron"]["fused_speculation"] = False  # type: ignore[index]
+    files = render_files(make_config(platforms=platforms))
+    patch = yaml.safe_load(files["overlays/neuron/speculative-patch.yaml"])
+    args = patch["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--additional-config") for a in args)
