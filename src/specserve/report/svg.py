@@ -36,10 +36,9 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
     start = math.floor(low / step) * step
-    ticks, t = [], start
-    while t <= high + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
+    ticks = [round(start + i * step, 12) for i in range(int((high - start) / step + 1e-9) + 1)]
+    if ticks[-1] < high:
+        ticks.append(round(ticks[-1] + step, 12))
     return ticks
 
 
