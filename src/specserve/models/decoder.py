@@ -187,11 +187,13 @@ class DecoderLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        # The final norm, not the embedding: a weight-only quantised model (models/quantize.py)
+        # stores the embedding as int8 while activations keep this dtype.
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def forward(
         self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCacheTensors

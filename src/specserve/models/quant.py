@@ -1,0 +1,250 @@
+"""Weight-only int8 / int4 linear layers and embeddings (activations stay bf16/fp32).
+
+Terms:
+    weight-only quantisation: only the stored weights are integers; every matmul sees the
+        activations unchanged and dequantises (inside the kernel) with fixed per-weight
+        scales. No scale depends on the activations, so the result for one row of a batch
+        never depends on the other rows (*batch invariant*): a k + 1-token verification and
+        a 1-token decode step compute the same numbers for the same token. Dynamic activation
+        quantisation (per-tensor scales) breaks exactly that and is not offered.
+    int8: symmetric, one scale per output channel: ``w ≈ q * scale``, ``q ∈ [-127, 127]``.
+    int4: asymmetric, one (scale, min) pair per group of ``group_size`` consecutive input
+        channels of an output channel: ``w ≈ q * scale + min``, ``q ∈ [0, 15]``. The
+        per-group range is clipped by a small search that minimises the group's squared
+        error (plain min/max wastes levels on outliers).
+
+On CPU the matmuls run in PyTorch's packed kernels (``aten::_weight_int8pack_mm``,
+``aten::_weight_int4pack_mm_for_cpu``), which are fast for bf16/fp16 activations. Elsewhere
+(or when ``use_packed`` is off) the layer dequantises and calls ``F.linear``: slower, same
+result up to rounding. Portable tensors (:class:`Int4Weight`) are what the on-disk cache
+stores; the CPU packing is redone at load (it takes seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QuantFormat = Literal["int8", "int4"]
+DEFAULT_GROUP_SIZE = 64
+_INT4_N_MULTIPLE = 16  # the CPU int4 packing wants N divisible by 16; we pad rows
+_CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
+_ROW_CHUNK = 8192  # rows quantised at a time (bounds the fp32 temporaries of a big LM head)
+
+
+def _packed_ok(device: torch.device) -> bool:
+    return device.type == "cpu"
+
+
+# ---------------------------------------------------------------- int8 ----------------------
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight # [N, K]`` -> (``q # [N, K] int8``, ``scale # [N] fp32``), symmetric."""
+    qs, ss = [], []
+    for chunk in weight.split(_ROW_CHUNK):
+        w = chunk.float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-10)  # [n]
+        qs.append(torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        ss.append(scale)
+    return torch.cat(qs), torch.cat(ss)
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ (q * scale).T + bias`` with ``q # [N, K] int8``, ``scale # [N]``."""
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        assert qweight.dtype == torch.int8 and qweight.dim() == 2
+        self.out_features, self.in_features = qweight.shape
+        self.qweight: torch.Tensor
+        self.scale: torch.Tensor
+        self.bias: torch.Tensor | None
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale.to(dtype))  # [N] in the compute dtype
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+        self.use_packed = _packed_ok(qweight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.use_packed:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale.to(x.dtype))
+        else:
+            w = self.qweight.to(x.dtype) * self.scale.to(x.dtype)[:, None]
+            y = F.linear(x2, w)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 per-channel"
+
+
+# ---------------------------------------------------------------- int4 ----------------------
+
+
+@dataclass
+class Int4Weight:
+    """Portable int4 weights (what the cache stores).
+
+    Attributes:
+        nibbles: ``# [N, K // 2] uint8``; byte j holds input channels 2j (low) and 2j+1 (high).
+        scale: ``# [N, K // group_size] fp32``
+        minimum: ``# [N, K // group_size] fp32``; ``w ≈ q * scale + minimum``.
+        group_size: input channels per group.
+    """
+
+    nibbles: torch.Tensor
+    scale: torch.Tensor
+    minimum: torch.Tensor
+    group_size: int
+
+    def __post_init__(self) -> None:
+        n, half_k = self.nibbles.shape
+        if self.scale.shape != (n, 2 * half_k // self.group_size):
+            raise ValueError(f"int4 scale shape {tuple(self.scale.shape)} does not fit {n=}")
+
+    def codes(self) -> torch.Tensor:
+        """Unpacked codes ``# [N, K] uint8`` in 0..15."""
+        lo, hi = self.nibbles & 0xF, self.nibbles >> 4
+        return torch.stack([lo, hi], dim=-1).view(self.nibbles.shape[0], -1)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        n, k = self.nibbles.shape[0], self.nibbles.shape[1] * 2
+        q = self.codes().view(n, k // self.group_size, self.group_size).float()
+        w = q * self.scale[..., None] + self.minimum[..., None]
+        return w.view(n, k).to(dtype)
+
+
+def _quantize_int4_rows(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, ...]:
+    n, k = w.shape
+    g = w.view(n, k // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)  # [n, k/G]
+    best_err = torch.full_like(lo, float("inf"))
+    best_q = torch.zeros(g.shape, dtype=torch.uint8)
+    best_scale, best_min = torch.zeros_like(lo), torch.zeros_like(lo)
+    for ratio in _CLIP_RATIOS:
+        mn, mx = lo * ratio, hi * ratio
+        scale = ((mx - mn) / 15.0).clamp(min=1e-10)
+        q = torch.round((g - mn[..., None]) / scale[..., None]).clamp(0, 15)
+        err = (q * scale[..., None] + mn[..., None] - g).pow(2).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_q = torch.where(better[..., None], q.to(torch.uint8), best_q)
+        best_scale = torch.where(better, scale, best_scale)
+        best_min = torch.where(better, mn, best_min)
+    return best_q.view(n, k), best_scale, best_min
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE) -> Int4Weight:
+    """``weight # [N, K]`` -> :class:`Int4Weight` (asymmetric groups, clipped ranges)."""
+    k = weight.shape[1]
+    if group_size < 2 or k % group_size != 0 or group_size % 2 != 0:
+        raise ValueError(
+            f"int4 needs an even group_size dividing in_features={k}, got {group_size}"
+        )
+    qs, scales, mins = [], [], []
+    for chunk in weight.split(_ROW_CHUNK):
+        q, s, m = _quantize_int4_rows(chunk.float().cpu(), group_size)
+        qs.append(q)
+        scales.append(s)
+        mins.append(m)
+    q = torch.cat(qs)  # [N, K] codes
+    nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    return Int4Weight(nibbles, torch.cat(scales), torch.cat(mins), group_size)
+
+
+class Int4Linear(nn.Module):
+    """Linear layer over :class:`Int4Weight`; on CPU through the packed int4 kernel."""
+
+    def __init__(
+        self,
+        weight: Int4Weight,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        use_packed: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.out_features = weight.nibbles.shape[0]
+        self.in_features = weight.nibbles.shape[1] * 2
+        self.group_size = weight.group_size
+        device = torch.device(device)
+        self.use_packed = _packed_ok(device) if use_packed is None else use_packed
+        self.qweight: torch.Tensor
+        self.scales_and_zeros: torch.Tensor
+        self.bias: torch.Tensor | None
+        self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
+        if self.use_packed:
+            pad = -self.out_features % _INT4_N_MULTIPLE
+            codes = F.pad(weight.codes().to(torch.int32), (0, 0, 0, pad))  # [Np, K]
+            scale = F.pad(weight.scale, (0, 0, 0, pad))
+            # The kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale.
+            zero = F.pad(weight.minimum, (0, 0, 0, pad)) + 8.0 * scale
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            self.register_buffer("qweight", packed)  # kernel-specific layout
+            sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/G, Np, 2]
+            self.register_buffer("scales_and_zeros", sz.to(device, dtype))
+        else:
+            self.register_buffer("qweight", weight.nibbles.to(device))  # [N, K/2]
+            sz = torch.stack([weight.scale, weight.minimum], dim=-1)  # [N, K/G, 2]
+            self.register_buffer("scales_and_zeros", sz.to(device, dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)  # [M, K]
+        if self.use_packed:
+            sz = self.scales_and_zeros.to(x.dtype)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, sz)
+            y = y[:, : self.out_features]
+        else:
+            y = F.linear(x2, self._dequantize(x.dtype))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        n, k, gs = self.out_features, self.in_features, self.group_size
+        lo, hi = self.qweight & 0xF, self.qweight >> 4
+        q = torch.stack([lo, hi], dim=-1).view(n, k // gs, gs).to(dtype)
+        sz = self.scales_and_zeros.to(dtype)
+        return (q * sz[..., 0:1] + sz[..., 1:2]).view(n, k)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4 group={self.group_size}"
+
+
+# ------------------------------------------------------------- embedding --------------------
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding stored as int8 rows with one scale per row (per token).
+
+    A lookup dequantises only the rows it reads. With tied weights and the int8 format the
+    LM head shares these very tensors (a per-row scale is a per-output-channel scale there).
+    """
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = qweight.shape
+        self.qweight: torch.Tensor
+        self.scale: torch.Tensor
+        self.register_buffer("qweight", qweight)  # [V, H] int8
+        self.register_buffer("scale", scale.to(dtype))  # [V]
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(input_ids, self.qweight).to(self.dtype)  # [..., H]
+        return rows * F.embedding(input_ids, self.scale.unsqueeze(-1))
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per-row"

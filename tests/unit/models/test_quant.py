@@ -1,0 +1,177 @@
+"""Weight-only int8/int4 layers: accuracy, packed kernel == fallback, batch invariance, and
+quantised greedy decoding equal between plain and speculative (verify == decode)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.conftest import make_tiny_model
+from torch import nn
+
+from specserve.engine.generate import generate_plain
+from specserve.models.quant import (
+    Int4Linear,
+    Int8Embedding,
+    Int8Linear,
+    quantize_int4,
+    quantize_int8,
+)
+from specserve.models.quantize import (
+    apply_quantized,
+    quantize_model,
+    quantize_weights,
+    weight_bytes,
+)
+from specserve.sampling_params import SamplingParams
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_int8_roundtrip_error_is_small() -> None:
+    w = torch.randn(48, 64)
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (48,)
+    assert _rel_err(q.float() * s[:, None], w) < 0.01
+
+
+@pytest.mark.parametrize("group_size", [16, 32, 64])
+def test_int4_roundtrip_error_is_small_and_clipping_helps(group_size: int) -> None:
+    torch.manual_seed(0)
+    w = torch.randn(32, 128)
+    w[0, 3] = 12.0  # an outlier: clipping may trade it for the rest of its group
+    w4 = quantize_int4(w, group_size)
+    assert w4.nibbles.shape == (32, 64) and w4.nibbles.dtype == torch.uint8
+    assert int(w4.codes().max()) <= 15
+    err = _rel_err(w4.dequantize(), w)
+    assert err < 0.12
+    # Plain min/max quantisation (no clipping search) of the same tensor is never better.
+    g = w.view(32, -1, group_size)
+    lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+    scale = (hi - lo) / 15
+    plain = (torch.round((g - lo) / scale).clamp(0, 15) * scale + lo).view_as(w)
+    assert (w4.dequantize() - w).pow(2).sum() <= (plain - w).pow(2).sum() + 1e-6
+
+
+def test_int4_rejects_bad_group_size() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_int4(torch.randn(16, 96), 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_packed_matches_fallback_and_reference(dtype: torch.dtype, bias: bool) -> None:
+    torch.manual_seed(1)
+    lin = nn.Linear(64, 40, bias=bias).requires_grad_(False)
+    q, s = quantize_int8(lin.weight)
+    layer = Int8Linear(q, s, lin.bias, dtype)
+    x = torch.randn(2, 3, 64).to(dtype)
+    ref = x.float() @ (q.float() * s[:, None]).T + (lin.bias if bias else 0)
+    assert layer.use_packed
+    y = layer(x)
+    layer.use_packed = False
+    y_fallback = layer(x)
+    assert y.shape == (2, 3, 40) and y.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert _rel_err(y, ref) < tol
+    assert _rel_err(y_fallback, ref) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features", [48, 40])  # 40: padded to 48 for the packed kernel
+def test_int4_linear_packed_matches_fallback_and_reference(
+    dtype: torch.dtype, out_features: int
+) -> None:
+    torch.manual_seed(2)
+    lin = nn.Linear(64, out_features, bias=True).requires_grad_(False)
+    w4 = quantize_int4(lin.weight, 32)
+    packed = Int4Linear(w4, lin.bias, dtype, use_packed=True)
+    fallback = Int4Linear(w4, lin.bias, dtype, use_packed=False)
+    x = torch.randn(5, 64).to(dtype)
+    ref = x.float() @ w4.dequantize().T + lin.bias
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    assert _rel_err(packed(x), ref) < tol
+    assert _rel_err(fallback(x), ref) < tol
+    assert packed(x).shape == (5, out_features)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_linear_rows_are_batch_invariant(kind: str) -> None:
+    """A row's result must not depend on the rows batched with it (verify == decode)."""
+    torch.manual_seed(3)
+    w = torch.randn(96, 128)
+    layer: nn.Module
+    if kind == "int8":
+        layer = Int8Linear(*quantize_int8(w), None, torch.bfloat16)
+    else:
+        layer = Int4Linear(quantize_int4(w, 64), None, torch.bfloat16)
+    x = torch.randn(9, 128, dtype=torch.bfloat16)
+    full = layer(x)
+    for m in range(1, 9):
+        for i in range(0, 9 - m + 1):
+            assert torch.equal(layer(x[i : i + m]), full[i : i + m]), (m, i)
+
+
+def test_int8_embedding_reads_dequantised_rows() -> None:
+    w = torch.randn(30, 16)
+    q, s = quantize_int8(w)
+    emb = Int8Embedding(q, s, torch.float32)
+    ids = torch.tensor([[3, 0, 29]])
+    out = emb(ids)
+    assert out.shape == (1, 3, 16)
+    assert torch.allclose(out, (q.float() * s[:, None])[ids], atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantize_model_keeps_logits_close(family: str, fmt: str) -> None:
+    model = make_tiny_model(family, hidden_size=64, intermediate_size=128)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 12))
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+
+    ref = model.compute_logits(SingleSequenceCache(model, 16).forward(ids[0]))
+    before = weight_bytes(model)
+    quantize_model(model, fmt, group_size=32)  # type: ignore[arg-type]
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert weight_bytes(model) < before / (3 if fmt == "int8" else 4)
+    out = model.compute_logits(SingleSequenceCache(model, 16).forward(ids[0]))
+    assert _rel_err(out, ref) < (0.05 if fmt == "int8" else 0.5)  # random nets amplify
+
+
+def test_quantize_model_twice_is_refused() -> None:
+    model = quantize_model(make_tiny_model("qwen2"), "int8")
+    with pytest.raises(ValueError, match="already quantised"):
+        quantize_model(model, "int8")
+    with pytest.raises(ValueError, match="unknown quantised weight format"):
+        quantize_weights(make_tiny_model("qwen2"), "int3")  # type: ignore[arg-type]
+
+
+def test_portable_state_rebuilds_the_same_model() -> None:
+    a = make_tiny_model("qwen2", hidden_size=64, intermediate_size=128)
+    b = make_tiny_model("qwen2", hidden_size=64, intermediate_size=128)
+    state = quantize_weights(a, "int4", 32)
+    apply_quantized(a, "int4", state, 32)
+    apply_quantized(b, "int4", {k: v.clone() for k, v in state.items()}, 32)
+    ids = torch.arange(10)
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+
+    ha = SingleSequenceCache(a, 16).forward(ids)
+    hb = SingleSequenceCache(b, 16).forward(ids)
+    assert torch.equal(a.compute_logits(ha), b.compute_logits(hb))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_verify_equals_decode(family: str, fmt: str) -> None:
+    """Greedy plain decoding and a k + 1-token verification of the same tokens agree exactly
+    (bf16 activations, packed kernels): the property speculative == plain rests on."""
+    model = make_tiny_model(family, hidden_size=64, intermediate_size=128)
+    model = quantize_model(model.to(torch.bfloat16), fmt, group_size=32)  # type: ignore[arg-type]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompt = [5, 17, 33, 2, 9]
+    plain = generate_plain(model, prompt, params, eos_token_ids=())
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+
+    cache = SingleSequenceCache(model, 64)
+    logits = model.compute_logits(cache.forward([*prompt, *plain.token_ids[:-1]]))
+    verify_argmax = logits[len(prompt) - 1 :].argmax(-1).tolist()
+    assert verify_argmax == plain.token_ids
