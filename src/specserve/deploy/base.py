@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from specserve.deploy.config import MODELS_MOUNT, DeployConfig, NvidiaSpec, S3Source
+from specserve.deploy.config import MODELS_MOUNT, DeployConfig, S3Source
+from specserve.deploy.platforms import NvidiaSpec
 
 Arm = Literal["baseline", "speculative"]
 ARMS: tuple[Arm, Arm] = ("baseline", "speculative")

@@ -18,25 +18,23 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from specserve import __version__
-from specserve.deploy.catalog import NEURON_INSTANCES, tokenizer_family
+from specserve.deploy.catalog import tokenizer_family
+from specserve.deploy.platforms import (
+    NAME_PATTERN,
+    PlatformsSpec,
+    Strict,
+)
 
 logger = logging.getLogger(__name__)
 
-# DNS-1035 label; short enough that "<name>-speculative-..." stays within 63 characters.
-_NAME = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _MAX_K = 16  # the reference study swept k = 5..15; Neuron compiles one graph per k
 
 MODELS_MOUNT = "/models"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ModelRef(_Strict):
+class ModelRef(Strict):
     """A model served (target) or used for drafting (draft)."""
 
     name: str = Field(min_length=1, description="Served model name / HF repo id.")
@@ -57,14 +55,14 @@ class ModelRef(_Strict):
         return self.tokenizer_family or tokenizer_family(self.name)
 
 
-class PvcSource(_Strict):
+class PvcSource(Strict):
     """Weights on an existing PersistentVolumeClaim (ReadOnlyMany or on one node)."""
 
     kind: Literal["pvc"] = "pvc"
-    claim_name: str = Field(pattern=_NAME, max_length=63, description="Existing claim.")
+    claim_name: str = Field(pattern=NAME_PATTERN, max_length=63, description="Existing claim.")
 
 
-class S3Source(_Strict):
+class S3Source(Strict):
     """Weights in S3, mounted by the Mountpoint for Amazon S3 CSI driver (s3.csi.aws.com)."""
 
     kind: Literal["s3"] = "s3"
@@ -77,7 +75,7 @@ class S3Source(_Strict):
 ModelSource = Annotated[PvcSource | S3Source, Field(discriminator="kind")]
 
 
-class SpeculationSpec(_Strict):
+class SpeculationSpec(Strict):
     """What the speculative arm adds to the baseline."""
 
     method: Literal["draft_model", "eagle", "eagle3", "ngram"] = Field(
@@ -101,7 +99,7 @@ class SpeculationSpec(_Strict):
         return self
 
 
-class ServingSpec(_Strict):
+class ServingSpec(Strict):
     """Server settings shared by both arms on every platform."""
 
     max_model_len: int = Field(ge=16, description="Context length (prompt + output).")
@@ -117,88 +115,7 @@ class ServingSpec(_Strict):
     )
 
 
-class NvidiaSpec(_Strict):
-    """vLLM on NVIDIA GPUs."""
-
-    image: str = Field(default="vllm/vllm-openai:v0.23.0", description="Pinned vLLM image.")
-    gpus: int = Field(default=1, ge=1, le=64, description="nvidia.com/gpu per pod.")
-    tensor_parallel_size: int = Field(default=1, ge=1, description="TP degree; must divide gpus.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-
-
-class NeuronSpec(_Strict):
-    """vLLM on AWS Trainium/Inferentia through the vLLM Neuron plugin (NxD Inference)."""
-
-    image: str = Field(
-        default="public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:"
-        "0.11.0-neuronx-py312-sdk2.27.0-ubuntu24.04",
-        description="Pinned Neuron vLLM deep learning container.",
-    )
-    instance_type: str = Field(
-        default="trn2.48xlarge", description="EC2 instance type of the nodes."
-    )
-    neuron_devices: int = Field(ge=1, description="aws.amazon.com/neuron devices per pod.")
-    tensor_parallel_size: int = Field(ge=1, description="TP degree in logical NeuronCores.")
-    fused_speculation: bool = Field(
-        default=True, description="Fuse draft and target into one compiled graph (speculative arm)."
-    )
-    neuron_config_key: Literal["override_neuron_config", "neuron_config"] = Field(
-        default="override_neuron_config",
-        description="Key of --additional-config holding Neuron overrides: the NxD Inference "
-        "based plugin (the pinned 0.11.0 DLC) reads override_neuron_config; the newer "
-        "vllm-neuron plugin documents neuron_config (see docs/deploy.md).",
-    )
-    compile_cache_claim: str | None = Field(
-        default=None, pattern=_NAME, description="PVC for compiled artifacts; default: emptyDir."
-    )
-
-    @model_validator(mode="after")
-    def _check_devices(self) -> NeuronSpec:
-        inst = NEURON_INSTANCES.get(self.instance_type)
-        if inst is None:
-            known = ", ".join(sorted(NEURON_INSTANCES))
-            raise ValueError(f"unknown Neuron instance_type {self.instance_type!r}; known: {known}")
-        if self.neuron_devices > inst.num_devices:
-            raise ValueError(
-                f"neuron_devices={self.neuron_devices} exceeds the {inst.num_devices} devices "
-                f"of a {self.instance_type}"
-            )
-        cores = self.neuron_devices * inst.logical_cores_per_device
-        if cores % self.tensor_parallel_size != 0:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} does not divide the "
-                f"{cores} logical NeuronCores of {self.neuron_devices} device(s) on "
-                f"{self.instance_type} ({inst.logical_cores_per_device} per device)"
-            )
-        return self
-
-
-class SpecserveSpec(_Strict):
-    """specserve's own server, built from the Dockerfile in the repository."""
-
-    image_repository: str = Field(
-        default="specserve", description="Registry/repository of the image."
-    )
-    image_tag: str = Field(default=__version__, description="Tag; the variant suffix is appended.")
-    cpu: bool = Field(default=True, description="Render the specserve-cpu overlay.")
-    cuda: bool = Field(default=True, description="Render the specserve-cuda overlay.")
-    cuda_gpus: int = Field(default=1, ge=1, le=8, description="nvidia.com/gpu per pod (cuda).")
-    adaptive_k: bool = Field(
-        default=False, description="Speculative arm uses --num-speculative-tokens auto."
-    )
-
-    def image(self, variant: Literal["cpu", "cuda"]) -> str:
-        return f"{self.image_repository}:{self.image_tag}-{variant}"
-
-
-class PlatformsSpec(_Strict):
-    nvidia: NvidiaSpec | None = None
-    neuron: NeuronSpec | None = None
-    specserve: SpecserveSpec | None = None
-
-
-class EmfSpec(_Strict):
+class EmfSpec(Strict):
     """The bench's CloudWatch embedded-metric-format lines, printed to the Job's log."""
 
     namespace: str = Field(
@@ -206,7 +123,7 @@ class EmfSpec(_Strict):
     )
 
 
-class BenchJobSpec(_Strict):
+class BenchJobSpec(Strict):
     """The benchmark Job that drives both arms, alternating between them."""
 
     enabled: bool = True
@@ -221,7 +138,7 @@ class BenchJobSpec(_Strict):
     cloudwatch_emf: EmfSpec | None = Field(default=None, description="Emit EMF logs when set.")
 
 
-class MonitoringSpec(_Strict):
+class MonitoringSpec(Strict):
     service_monitor: bool = Field(
         default=True, description="Render a monitoring.coreos.com ServiceMonitor."
     )
@@ -234,11 +151,11 @@ class MonitoringSpec(_Strict):
     )
 
 
-class DeployConfig(_Strict):
+class DeployConfig(Strict):
     """Everything ``specserve deploy render`` needs."""
 
-    name: str = Field(pattern=_NAME, max_length=40, description="Prefix of resource names.")
-    namespace: str = Field(default="specserve-ab", pattern=_NAME, max_length=63)
+    name: str = Field(pattern=NAME_PATTERN, max_length=40, description="Prefix of resource names.")
+    namespace: str = Field(default="specserve-ab", pattern=NAME_PATTERN, max_length=63)
     target: ModelRef
     draft: ModelRef | None = None
     model_source: ModelSource | None = Field(

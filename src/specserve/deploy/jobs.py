@@ -13,11 +13,13 @@ from typing import Any
 from specserve.deploy.base import (
     ARMS,
     RESULTS_MOUNT,
+    Arm,
     Obj,
     arm_name,
     labels,
 )
-from specserve.deploy.config import DeployConfig, SpecserveSpec
+from specserve.deploy.config import DeployConfig
+from specserve.deploy.platforms import SpecserveSpec
 
 SPECSERVE_COMMAND = ["specserve"]
 
@@ -30,8 +32,8 @@ def results_claim_name(cfg: DeployConfig) -> str:
     return f"{cfg.name}-results"
 
 
-def arm_url(cfg: DeployConfig, arm: str) -> str:
-    return f"http://{arm_name(cfg, arm)}:{cfg.serving.port}"  # type: ignore[arg-type]
+def arm_url(cfg: DeployConfig, arm: Arm) -> str:
+    return f"http://{arm_name(cfg, arm)}:{cfg.serving.port}"
 
 
 def results_pvc(cfg: DeployConfig) -> Obj:

@@ -16,7 +16,8 @@ import json
 from typing import Literal
 
 from specserve.deploy.base import ARMS, SERVER_CONTAINER, Arm, Obj, arm_name, vllm_args
-from specserve.deploy.config import DeployConfig, NeuronSpec, NvidiaSpec, SpecserveSpec
+from specserve.deploy.config import DeployConfig
+from specserve.deploy.platforms import NeuronSpec, NvidiaSpec, SpecserveSpec
 
 KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
 COMPILE_CACHE_MOUNT = "/compile-cache"
