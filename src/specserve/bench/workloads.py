@@ -137,7 +137,7 @@ def llmperf_prompts(spec: LlmperfSpec) -> list[Prompt]:
 
 
 def load_workload(spec: WorkloadSpec) -> list[Prompt]:
-    """All prompts of ``spec``, in a deterministic order; ids are made unique."""
+    """All prompts of ``spec``, categories interleaved round-robin; ids must be unique."""
     prompts: list[Prompt] = []
     for suite in spec.suites:
         if suite == "llmperf":
@@ -156,10 +156,22 @@ def load_workload(spec: WorkloadSpec) -> list[Prompt]:
         if missing:
             raise ValueError(f"categories not in the workload: {sorted(missing)}")
         prompts = [p for p in prompts if p.category in keep]
+    prompts = _round_robin(prompts)
     ids = [p.id for p in prompts]
     if len(set(ids)) != len(ids):
         raise ValueError("prompt ids are not unique; give each JSONL line a distinct 'id'")
     return prompts
+
+
+def _round_robin(prompts: list[Prompt]) -> list[Prompt]:
+    """Interleave categories (first of each, then second of each, ...), keeping each
+    category's order, so that any prefix of the request sequence covers every category."""
+    by_cat: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    columns = list(by_cat.values())
+    longest = max((len(c) for c in columns), default=0)
+    return [c[i] for i in range(longest) for c in columns if i < len(c)]
 
 
 def prompt_set_hash(prompts: list[Prompt]) -> str:

@@ -24,6 +24,8 @@ def test_builtin_suites_have_their_categories() -> None:
     assert {"repeat", "counting", "json", "report", "code"} <= cats
     assert {"prose", "explanation"} <= cats
     assert len({p.id for p in prompts}) == len(prompts)
+    # categories interleaved: the first seven requests cover all seven categories
+    assert len({p.category for p in prompts[:7]}) == 7
 
 
 def test_category_filter_and_unknown_category() -> None:
