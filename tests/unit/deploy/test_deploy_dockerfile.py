@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,47 @@ def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     assert lines[lines.index("*")] == "*"  # deny by default
     assert {"!pyproject.toml", "!README.md", "!src/"} <= set(lines)
+
+
+def dockerignore_keeps(rel: str, rules: list[str]) -> bool:
+    """Whether the build context keeps ``rel`` under ``rules`` (last matching rule wins; a
+    rule matching a folder applies to everything inside it)."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    keep = True
+    for rule in rules:
+        negate = rule.startswith("!")
+        pattern = rule.lstrip("!").rstrip("/")
+        if any(fnmatch.fnmatchcase(p, pattern) for p in prefixes):
+            keep = negate
+    return keep
+
+
+def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
+    """The first stage's ``pip wheel .`` works on exactly the files .dockerignore lets through,
+    and the wheel carries the package data the image needs (prompt suites, ...)."""
+    rules = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    context = tmp_path / "context"
+    kept = [rel for rel in tracked if dockerignore_keeps(rel, rules)]
+    assert "pyproject.toml" in kept and not any(k.startswith("tests/") for k in kept)
+    for rel in kept:
+        (context / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, context / rel)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path / "wheels"), str(context)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheels").glob("specserve-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "specserve/cli.py" in names
+    assert "specserve/commands/serve.py" in names
+    assert "specserve/bench/suites/structured.jsonl" in names
