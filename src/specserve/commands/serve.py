@@ -123,6 +123,26 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def _drained_exit_server(config: Any) -> Any:
+    """A uvicorn server whose SIGTERM ends with exit status 0 once draining is done.
+
+    uvicorn shuts down gracefully on SIGTERM and then re-raises the signal, so the process
+    would die with -15; for a server that drained every request, 0 is the truthful status
+    (orchestrators log non-zero exits as failures). SIGINT keeps uvicorn's behaviour.
+    """
+    import signal
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM and sig in self._captured_signals:
+                self._captured_signals.remove(sig)
+
+    return DrainingServer(config)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -141,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     served_name = args.served_model_name or args.model
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: Any = None
 
     def on_load_failure(exc: BaseException) -> None:
         failed.append(exc)
@@ -161,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         access_log=args.log_level == "debug",
         timeout_keep_alive=30,
     )
-    server = uvicorn.Server(uv_config)
+    server = _drained_exit_server(uv_config)
     logger.info("binding %s:%d, loading %s in the background", args.host, args.port, args.model)
     server.run()
     if failed:
