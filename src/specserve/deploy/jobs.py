@@ -122,6 +122,8 @@ def bench_job(cfg: DeployConfig) -> Obj:
     name = bench_name(cfg)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # The image runs as uid 1000; fsGroup makes the results volume writable for it.
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
         "initContainers": containers[:-1],
         "containers": containers[-1:],
         "volumes": [

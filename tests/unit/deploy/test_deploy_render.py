@@ -218,6 +218,7 @@ def test_bench_job(demo_builds: dict[str, list[dict[str, Any]]]) -> None:
         v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]
     ]
     assert claims == ["demo-results"]
+    assert job["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 1000
     assert find(demo_builds["nvidia"], "PersistentVolumeClaim", "demo-results")
 
 
