@@ -1,0 +1,160 @@
+"""``load_model``: one entry point for catalog names, GGUF files, HF directories and repo ids."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specserve.loading import weight_cache
+from specserve.loading.catalog import CATALOG
+from specserve.loading.errors import ModelNotFoundError
+from specserve.loading.gguf_loader import GGUFFile
+from specserve.loading.hf_dir import hf_arch, hf_tokenizer, hub_snapshot, iter_hf_weights
+from specserve.loading.memory import check_fits
+from specserve.loading.tokenizer import Tokenizer
+from specserve.loading.transport import fetch
+from specserve.models.arch import ArchConfig, UnsupportedModelError
+from specserve.models.decoder import DecoderLM, RotaryEmbedding
+
+logger = logging.getLogger(__name__)
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run.
+
+    Attributes:
+        model: the decoder, in eval mode, on the requested device and dtype.
+        tokenizer: its tokenizer (special ids, generation EOS ids, chat template).
+        arch: the architecture (``model.cfg``).
+        name: the spec it was loaded from (catalog name, path or repo id).
+        source: the file or directory the weights came from.
+    """
+
+    model: DecoderLM
+    tokenizer: Tokenizer
+    arch: ArchConfig
+    name: str
+    source: Path
+
+
+def _offline_hint() -> str:
+    return f"catalog names {sorted(CATALOG)}, a local .gguf file, or a local HF directory"
+
+
+def build_model(
+    arch: ArchConfig,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> DecoderLM:
+    """A DecoderLM whose parameters *are* the given tensors (no random init, no copy on CPU).
+
+    Raises UnsupportedModelError/ValueError when names or shapes do not match the architecture.
+    """
+    with torch.device("meta"):
+        model = DecoderLM(arch)
+    expected = model.state_dict()
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in weights:
+        if name not in expected:
+            raise UnsupportedModelError(f"checkpoint tensor {name!r} has no place in the decoder")
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(
+                f"tensor {name!r} has shape {list(tensor.shape)}, the architecture expects "
+                f"{list(expected[name].shape)}"
+            )
+        state[name] = tensor.to(device=device, dtype=dtype)
+    if arch.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight"))  # type: ignore[arg-type]
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ValueError(
+            f"checkpoint lacks tensors: {missing[:5]}{'...' if len(missing) > 5 else ''}"
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+    if arch.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta).to(device)
+    return model.requires_grad_(False).eval()
+
+
+def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    directory = weight_cache.cache_dir_for(path)
+    wfile = weight_cache.weights_file(directory, dtype)
+    with weight_cache.cache_lock(directory):
+        if wfile.is_file():
+            arch = weight_cache.load_arch(directory)
+            check_fits(arch.num_params(), dtype, device, name)
+            tokenizer = Tokenizer.load(directory / "tokenizer")
+            weights = weight_cache.load_weights_mmap(wfile)
+            logger.info("loading %s from the weight cache %s", name, wfile)
+            model = build_model(arch, weights.items(), dtype, device)
+            return LoadedModel(model, tokenizer, arch, name, path)
+        t0 = time.perf_counter()
+        gguf = GGUFFile(path)
+        gguf.check_supported()
+        tokenizer = Tokenizer.from_gguf(gguf.tokenizer_data())
+        arch = gguf.arch_config(tokenizer.bos_token_id, tokenizer.eos_token_ids)
+        check_fits(arch.num_params(), dtype, device, name)
+        state = dict(gguf.iter_weights(arch, dtype))
+        logger.info("dequantised %s in %.1f s", path.name, time.perf_counter() - t0)
+        weight_cache.save_arch(directory, arch)
+        tokenizer.save(directory / "tokenizer")
+        weight_cache.save_weights(wfile, state)
+    model = build_model(arch, state.items(), dtype, device)
+    return LoadedModel(model, tokenizer, arch, name, path)
+
+
+def _load_hf_dir(path: Path, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    tokenizer = hf_tokenizer(path)
+    arch = hf_arch(path, tokenizer.eos_token_ids)
+    check_fits(arch.num_params(), dtype, device, name)
+    model = build_model(arch, iter_hf_weights(path, dtype), dtype, device)
+    return LoadedModel(model, tokenizer, arch, name, path)
+
+
+def load_model(
+    spec: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load a model by catalog name, local ``.gguf`` file, local HF directory or HF repo id.
+
+    Catalog models are fetched (and verified) on first use; GGUF weights are dequantised once
+    and cached (``weight_cache.py``). Memory is checked before any weight is read.
+
+    Raises:
+        ModelNotFoundError: no such catalog name, path or repository.
+        HubUnavailableError: a repo id was given and the hub cannot be reached.
+        UnsupportedModelError: architecture, tensor type or tokenizer we cannot run.
+        CorruptModelError: unreadable or truncated files.
+        InsufficientMemoryError: the weights would not fit on ``device``.
+        TransportError: a catalog download failed verification.
+    """
+    dev = torch.device(device)
+    weight_cache.dtype_name(dtype)  # validates the dtype early
+    name = str(spec)
+    if name in CATALOG:
+        return _load_gguf(fetch(CATALOG[name]), name, dtype, dev)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
+        return _load_gguf(path, name, dtype, dev)
+    if path.is_dir():
+        return _load_hf_dir(path, name, dtype, dev)
+    looks_like_path = name.startswith((".", "/", "~")) or name.endswith(".gguf")
+    if not looks_like_path and _REPO_ID.match(name):
+        return _load_hf_dir(hub_snapshot(name, _offline_hint()), name, dtype, dev)
+    raise ModelNotFoundError(
+        f"model {name!r} is neither a catalog name nor an existing path; try {_offline_hint()}"
+    )

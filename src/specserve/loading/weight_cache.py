@@ -1,0 +1,126 @@
+"""Dequantised GGUF weights cached as safetensors, so the second load skips dequantisation.
+
+Layout: ``$SPECSERVE_CACHE_DIR/weights/<stem>-<key>/`` holding ``arch.json``, ``tokenizer/``
+and one ``model.<dtype>.safetensors`` per requested dtype. ``key`` hashes the GGUF file's
+resolved path, size and mtime (no need to read 1 GB to hash it), plus a format version.
+
+Why one file per dtype: GGUF weights are dequantised to fp32 (block scales are fp16, quants
+small integers; the results need more mantissa than bf16 has). An fp32 request reads the fp32
+file and gets bit-identical weights to a fresh dequantisation; a bf16
+request reads a bf16 file holding exactly ``fp32.to(bfloat16)``, the same rounding a fresh
+load does, at half the bytes. Files are memory-mapped (copy-on-write), so loading is cheap and
+several processes share the page cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specserve.loading.errors import CorruptModelError
+from specserve.loading.paths import weights_dir
+from specserve.models.arch import ArchConfig
+
+FORMAT_VERSION = 1
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"unsupported weight dtype {dtype}; use float32, bfloat16 or float16"
+        ) from None
+
+
+def cache_dir_for(gguf_path: Path) -> Path:
+    """The cache directory of one GGUF file (not created)."""
+    st = gguf_path.stat()
+    ident = f"{FORMAT_VERSION}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:20]
+    return weights_dir() / f"{gguf_path.stem}-{key}"
+
+
+def weights_file(directory: Path, dtype: torch.dtype) -> Path:
+    return directory / f"model.{dtype_name(dtype)}.safetensors"
+
+
+@contextlib.contextmanager
+def cache_lock(directory: Path) -> Iterator[None]:
+    """Exclusive lock so that concurrent processes dequantise a file only once."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.with_name(directory.name + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def save_arch(directory: Path, arch: ArchConfig) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(directory / "arch.json", json.dumps(dataclasses.asdict(arch), indent=1))
+
+
+def load_arch(directory: Path) -> ArchConfig:
+    raw = json.loads((directory / "arch.json").read_text())
+    raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
+    return ArchConfig(**raw)
+
+
+def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write ``state`` to ``path`` atomically (a temporary file, then rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def load_weights_mmap(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, memory-mapped copy-on-write (no read until touched)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 8:
+            raise CorruptModelError(f"{path} is not a safetensors file")
+        buf = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+    (header_len,) = struct.unpack("<Q", buf[:8])
+    try:
+        header = json.loads(bytes(buf[8 : 8 + header_len]))
+    except ValueError as e:
+        raise CorruptModelError(f"{path}: unreadable safetensors header: {e}") from e
+    data = torch.frombuffer(buf, dtype=torch.uint8)
+    base = 8 + header_len
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        if base + end > size:
+            raise CorruptModelError(f"{path}: tensor {name!r} runs past the end of the file")
+        dtype = _ST_DTYPES[info["dtype"]]
+        out[name] = data[base + begin : base + end].view(dtype).view(info["shape"])
+    return out
