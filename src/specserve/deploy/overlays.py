@@ -99,7 +99,9 @@ def neuron_patch(cfg: DeployConfig, spec: NeuronSpec, arm: Arm) -> Obj:
     return _patch(cfg, arm, container, pod)
 
 
-def specserve_serve_args(cfg: DeployConfig, spec: SpecserveSpec, arm: Arm) -> list[str]:
+def specserve_serve_args(
+    cfg: DeployConfig, spec: SpecserveSpec, arm: Arm, variant: Literal["cpu", "cuda"]
+) -> list[str]:
     """Arguments after ``specserve`` for one arm of specserve's own server."""
     s = cfg.serving
     args = [
@@ -108,6 +110,7 @@ def specserve_serve_args(cfg: DeployConfig, spec: SpecserveSpec, arm: Arm) -> li
         f"--served-model-name={cfg.target.name}",
         "--host=0.0.0.0",
         f"--port={s.port}",
+        f"--device={variant}",
         f"--max-model-len={s.max_model_len}",
         f"--max-num-seqs={s.max_num_seqs}",
     ]
@@ -130,7 +133,7 @@ def specserve_patch(
     container: Obj = {
         "image": spec.image(variant),
         "command": ["specserve"],
-        "args": specserve_serve_args(cfg, spec, arm),
+        "args": specserve_serve_args(cfg, spec, arm, variant),
         "env": [{"name": "SPECSERVE_CACHE_DIR", "value": SPECSERVE_CACHE_MOUNT}],
         "volumeMounts": [{"name": "specserve-cache", "mountPath": SPECSERVE_CACHE_MOUNT}],
     }

@@ -88,8 +88,8 @@ def test_bench_command_lines_parse(demo_builds: dict[str, list[dict[str, Any]]])
 def test_serve_arms_parse_to_the_intended_speculation(
     demo_builds: dict[str, list[dict[str, Any]]],
 ) -> None:
-    for objs in (demo_builds["specserve-cpu"], demo_builds["specserve-cuda"]):
-        lines = dict(specserve_command_lines(objs))
+    for variant in ("cpu", "cuda"):
+        lines = dict(specserve_command_lines(demo_builds[f"specserve-{variant}"]))
         base = parse(lines["demo-baseline/server"])
         spec = parse(lines["demo-speculative/server"])
         assert base.spec_method == "none" and base.draft_model is None
@@ -98,6 +98,7 @@ def test_serve_arms_parse_to_the_intended_speculation(
         for args in (base, spec):
             assert args.served_model_name == "Qwen/Qwen3-8B"
             assert (args.max_model_len, args.max_num_seqs, args.port) == (2048, 8, 8000)
+            assert args.device == variant
 
 
 @pytest.mark.parametrize("path", REFERENCE_CONFIGS, ids=lambda p: p.stem)
