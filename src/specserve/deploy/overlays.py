@@ -118,13 +118,19 @@ def specserve_serve_args(
         args.append(f"--dtype={s.dtype}")
     if arm == "baseline":
         return [*args, "--spec-method=none"]
-    k = "auto" if spec.adaptive_k else str(cfg.speculation.num_speculative_tokens)
+    k = cfg.speculation.num_speculative_tokens
+    # Adaptive: the controller picks k per request, at most the configured k.
+    k_args = (
+        ["--num-speculative-tokens=auto", f"--k-max={k}"]
+        if spec.adaptive_k
+        else [f"--num-speculative-tokens={k}"]
+    )
     if cfg.speculation.method == "ngram":
         args.append("--spec-method=ngram")
     else:
         assert cfg.draft is not None and cfg.speculation.method == "draft_model"
         args.append(f"--draft-model={cfg.draft.mount_path}")
-    return [*args, f"--num-speculative-tokens={k}"]
+    return [*args, *k_args]
 
 
 def specserve_patch(

@@ -15,6 +15,7 @@ from deploy_helpers import REFERENCE_CONFIGS, REPO, all_containers, kustomize_bu
 
 from specserve.cli import build_parser
 from specserve.commands.bench import build_specs
+from specserve.commands.serve import engine_config_from_args
 from specserve.deploy.config import load_deploy_config
 from specserve.deploy.render import render
 
@@ -99,6 +100,12 @@ def test_serve_arms_parse_to_the_intended_speculation(
             assert args.served_model_name == "Qwen/Qwen3-8B"
             assert (args.max_model_len, args.max_num_seqs, args.port) == (2048, 8, 8000)
             assert args.device == variant
+            # What the server builds from them (validated engine config).
+            engine = engine_config_from_args(args)
+            assert engine.model.device == variant and engine.model.max_model_len == 2048
+        assert not engine_config_from_args(base).spec.enabled
+        spec_engine = engine_config_from_args(spec).spec
+        assert spec_engine.method == "draft" and spec_engine.num_speculative_tokens == 5
 
 
 @pytest.mark.parametrize("path", REFERENCE_CONFIGS, ids=lambda p: p.stem)

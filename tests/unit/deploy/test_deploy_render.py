@@ -146,6 +146,7 @@ def test_adaptive_k_and_ngram() -> None:
     patch = yaml.safe_load(files["overlays/specserve-cpu/speculative-patch.yaml"])
     args = patch["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--spec-method=ngram" in args and "--num-speculative-tokens=auto" in args
+    assert "--k-max=4" in args
     base_dep = yaml.safe_load(files["base/speculative-deployment.yaml"])
     spec = _spec_config(_args(base_dep))
     assert spec == {"num_speculative_tokens": 4, "method": "ngram", "prompt_lookup_max": 4}
