@@ -187,3 +187,16 @@ def test_model_that_fails_to_load_exits_nonzero(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "failed to load" in proc.stderr
+
+
+def test_non_streaming_client_that_gives_up_frees_blocks(server: ServerProcess) -> None:
+    wait_idle(server.base_url)
+    aborted = ("vllm:request_success_total", (("finished_reason", "abort"),))
+    before = metric_values(server.base_url)[aborted]
+    body = {"model": MODEL, "prompt": "Write a long essay about mountains.", "max_tokens": 400,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=1.5)
+    after = wait_idle(server.base_url)
+    assert after[("vllm:kv_cache_usage_perc", ())] == 0
+    assert after[aborted] == before + 1
