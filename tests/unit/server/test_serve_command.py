@@ -1,0 +1,57 @@
+"""``specserve serve`` argument parsing into an EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from specserve.cli import build_parser
+from specserve.commands.serve import engine_config_from_args, parse_k, parse_size
+
+
+def test_sizes() -> None:
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("1.5g") == 3 << 29
+    assert parse_size("4096") == 4096
+    for bad in ("", "lots", "-1G", "0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
+
+
+def test_k() -> None:
+    assert parse_k("auto") is None
+    assert parse_k("7") == 7
+    for bad in ("x", "-1", "33"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_k(bad)
+
+
+def test_draft_model_implies_draft_method() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", "t", "--draft-model", "d", "--num-speculative-tokens", "3",
+         "--max-queue-len", "5", "--kv-cache-memory", "256MiB", "--dtype", "bfloat16"]
+    )  # fmt: skip
+    config = engine_config_from_args(args)
+    assert config.spec.method == "draft" and config.spec.draft_model == "d"
+    assert config.spec.num_speculative_tokens == 3
+    assert config.scheduler.max_queue_len == 5
+    assert config.cache.memory_bytes == 256 << 20
+    assert config.model.dtype == "bfloat16"
+    assert args.host == "127.0.0.1"
+
+
+def test_defaults_are_plain_decoding_and_adaptive_k() -> None:
+    config = engine_config_from_args(build_parser().parse_args(["serve", "--model", "t"]))
+    assert config.spec.method == "none" and not config.spec.enabled
+    ngram = build_parser().parse_args(["serve", "--model", "t", "--spec-method", "ngram"])
+    assert engine_config_from_args(ngram).spec.adaptive
+
+
+def test_inconsistent_choice_is_refused() -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", "t", "--draft-model", "d", "--spec-method", "ngram"]
+    )
+    with pytest.raises(ValueError, match="draft_model"):
+        engine_config_from_args(args)
