@@ -1,0 +1,127 @@
+"""Load a model in a chosen weight format (``fp32``/``bf16``/``int8``/``int4``), caching the
+quantised tensors on disk so that the second start skips quantisation.
+
+Layout: ``$SPECSERVE_CACHE_DIR/quant/<stem>-<key>.<format>[-g<group>].safetensors`` holding
+the portable tensors of ``models/quantize.py``. ``key`` hashes the model source's resolved
+path, size and mtime (a directory: its ``*.safetensors``/``*.gguf`` files), the group size and
+a format version. A cached start memory-maps the float weights without touching the linears
+(``load_model`` maps them copy-on-write), reads the quantised file and drops the float
+weights, so peak memory stays near the quantised size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, get_args
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specserve.config import WeightFormat
+from specserve.models.quant import DEFAULT_GROUP_SIZE
+from specserve.models.quantize import QUANT_FORMATS, apply_quantized, quantize_weights
+
+if TYPE_CHECKING:
+    from specserve.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+_FLOAT_FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def compute_dtype_for(weights: WeightFormat, dtype: torch.dtype | None) -> torch.dtype:
+    """The activation dtype: fp32/bf16 formats fix it; int8/int4 default to bf16 (the CPU
+    packed kernels are fast for bf16 activations, far slower for fp32)."""
+    if weights in _FLOAT_FORMATS:
+        want = _FLOAT_FORMATS[weights]
+        if dtype is not None and dtype != want:
+            raise ValueError(f"weights={weights!r} runs in {want}, but dtype={dtype} was asked")
+        return want
+    return dtype or torch.bfloat16
+
+
+def _source_key(source: Path, group_size: int) -> str:
+    files = (
+        [source]
+        if source.is_file()
+        else sorted(p for p in source.iterdir() if p.suffix in (".safetensors", ".gguf", ".bin"))
+    )
+    h = hashlib.sha256(f"{CACHE_VERSION}|{group_size}".encode())
+    for f in files:
+        st = f.stat()
+        h.update(f"|{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def quant_cache_file(
+    source: Path, fmt: str, group_size: int, cache_dir: Path | None = None
+) -> Path:
+    """Where the quantised tensors of ``source`` in format ``fmt`` are cached."""
+    from specserve.loading.paths import cache_root
+
+    directory = cache_dir if cache_dir is not None else cache_root() / "quant"
+    directory.mkdir(parents=True, exist_ok=True)
+    suffix = f"{fmt}-g{group_size}" if fmt == "int4" else fmt
+    return directory / f"{source.stem}-{_source_key(source, group_size)}.{suffix}.safetensors"
+
+
+def _save_atomic(path: Path, state: dict[str, torch.Tensor]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def load_model_with_weights(
+    spec: str | Path,
+    weights: WeightFormat = "bf16",
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    group_size: int = DEFAULT_GROUP_SIZE,
+    use_cache: bool = True,
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """``specserve.loading.load_model`` plus a weight format.
+
+    Args:
+        spec: catalog name, ``.gguf`` file, HF directory or repo id (see ``load_model``).
+        weights: ``fp32``/``bf16`` (plain float weights) or ``int8``/``int4`` (weight-only).
+        dtype: activation dtype; None picks the format's (bf16 for int8/int4).
+        device: torch device.
+        group_size: int4 group size (input channels per scale).
+        use_cache: read/write the quantised tensors under ``$SPECSERVE_CACHE_DIR/quant``.
+        cache_dir: another directory for them.
+    Raises:
+        ValueError: unknown format, or a dtype that contradicts a float format.
+    """
+    from specserve.loading import load_model
+
+    if weights not in get_args(WeightFormat):
+        raise ValueError(f"unknown weight format {weights!r}; choose from {get_args(WeightFormat)}")
+    compute = compute_dtype_for(weights, dtype)
+    lm = load_model(spec, dtype=compute, device=device)
+    if weights in _FLOAT_FORMATS:
+        return lm
+    assert weights in QUANT_FORMATS
+    path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
+    t0 = time.perf_counter()
+    if path is not None and path.is_file():
+        state = load_file(str(path))
+        logger.info("read %s weights of %s from %s", weights, lm.name, path)
+    else:
+        state = quantize_weights(lm.model, weights, group_size)  # type: ignore[arg-type]
+        if path is not None:
+            _save_atomic(path, state)
+            logger.info("cached %s weights of %s in %s", weights, lm.name, path)
+    apply_quantized(lm.model, weights, state, group_size)  # type: ignore[arg-type]
+    logger.info("%s ready as %s in %.1f s", lm.name, weights, time.perf_counter() - t0)
+    return lm
