@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -38,7 +38,7 @@ def spec(url: str, **kw: object) -> BenchSpec:
 
 
 @pytest.fixture
-def mock_process() -> Iterator[callable]:  # type: ignore[valid-type]
+def mock_process() -> Iterator[Callable[..., str]]:
     procs: list[subprocess.Popen] = []
 
     def start(*args: str) -> str:
@@ -58,7 +58,7 @@ def ok_records(result: BenchResult) -> list[RequestRecord]:
     return recs
 
 
-def test_single_token_chunks_match_configured_delays(mock_process) -> None:  # type: ignore[no-untyped-def]
+def test_single_token_chunks_match_configured_delays(mock_process: Callable[..., str]) -> None:
     url = mock_process("--ttft-ms", "150", "--itl-ms", "40", "--output-tokens", "12")
     result = run_benchmark(spec(url))
     recs = ok_records(result)
@@ -73,7 +73,7 @@ def test_single_token_chunks_match_configured_delays(mock_process) -> None:  # t
     assert s.e2e_s.p50 is not None and 590 <= s.e2e_s.p50 * 1000 <= 590 + 2 * NOISE_MS
 
 
-def test_multi_token_chunks_per_token_itl(mock_process) -> None:  # type: ignore[no-untyped-def]
+def test_multi_token_chunks_per_token_itl(mock_process: Callable[..., str]) -> None:
     url = mock_process(
         "--ttft-ms", "150", "--itl-ms", "20", "--tokens-per-chunk", "4", "--output-tokens", "24"
     )
