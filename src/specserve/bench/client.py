@@ -10,12 +10,15 @@ the request's record, never swallowed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 
+from specserve.bench.http1 import Http1Pool, HTTPProtocolError
 from specserve.bench.records import ChunkRecord, RequestRecord
 from specserve.bench.spec import SamplingSpec
 from specserve.bench.sse import SSEParser
@@ -45,7 +48,11 @@ def request_body(
 
 
 class StreamClient:
-    """One shared connection pool; :meth:`send` is safe to call from many tasks at once."""
+    """One shared connection pool; :meth:`send` is safe to call from many tasks at once.
+
+    Streaming POSTs to ``http://`` servers go through :class:`Http1Pool` (raw asyncio
+    streams: a few tens of microseconds per chunk); ``https://`` and the GETs use httpx.
+    """
 
     def __init__(self, root_url: str, max_connections: int, timeout_s: float) -> None:
         self.root_url = root_url.rstrip("/")
@@ -55,9 +62,12 @@ class StreamClient:
         self._http = httpx.AsyncClient(
             limits=limits, timeout=httpx.Timeout(timeout_s, pool=None), http2=False
         )
+        self._pool = Http1Pool(self.root_url, timeout_s) if root_url.startswith("http:") else None
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
 
     async def get_json(self, path: str) -> dict:
         """GET ``path`` and parse JSON (raises on HTTP errors)."""
@@ -70,22 +80,35 @@ class StreamClient:
         response.raise_for_status()
         return response.text
 
+    @contextlib.asynccontextmanager
+    async def _post(
+        self, path: str, body: dict
+    ) -> AsyncIterator[tuple[int, Callable[[], AsyncIterator[bytes]]]]:
+        """(status, body iterator) of a streamed POST, on the fast path when possible."""
+        if self._pool is not None:
+            response = await self._pool.post(path, json.dumps(body).encode())
+            yield response.status, response.aiter_raw
+            return
+        async with self._http.stream("POST", self.root_url + path, json=body) as r:
+            yield r.status_code, r.aiter_raw
+
     async def send(self, record: RequestRecord, body: dict, endpoint: str, t0_ns: int) -> None:
         """Send ``body``, stream the answer, and fill ``record``'s raw fields in place."""
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
         parser = SSEParser()
         texts: list[str] = []
-        record.send_ns = time.perf_counter_ns() - t0_ns
+        record.send_ns = now = time.perf_counter_ns() - t0_ns
         try:
-            async with self._http.stream("POST", self.root_url + path, json=body) as response:
+            async with self._post(path, body) as (status, body_iter):
                 record.headers_ns = time.perf_counter_ns() - t0_ns
-                record.status = response.status_code
-                if response.status_code != 200:
-                    text = (await response.aread()).decode("utf-8", errors="replace")
-                    record.error = f"HTTP {response.status_code}: {text[:500]}"
+                record.status = status
+                if status != 200:
+                    raw = b"".join([piece async for piece in body_iter()])
+                    text = raw.decode("utf-8", errors="replace")
+                    record.error = f"HTTP {status}: {text[:500]}"
                     return
                 done = False
-                async for data in response.aiter_raw():
+                async for data in body_iter():
                     now = time.perf_counter_ns() - t0_ns
                     for payload in parser.feed(data):
                         done = self._on_event(record, payload, now, texts) or done
@@ -93,9 +116,9 @@ class StreamClient:
                     done = self._on_event(record, payload, now, texts) or done
                 if not done and record.finish_reason is None and record.error is None:
                     record.error = "stream ended without [DONE] or a finish_reason"
-        except httpx.TimeoutException as e:
+        except (httpx.TimeoutException, TimeoutError) as e:
             record.error = f"timeout: {type(e).__name__}"
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, HTTPProtocolError, OSError) as e:
             record.error = f"{type(e).__name__}: {e}"
         finally:
             record.done_ns = time.perf_counter_ns() - t0_ns
