@@ -7,7 +7,7 @@ CI: seeded percentile bootstrap (95 %) of that ratio, resampling *requests* with
 regression: the CI lies entirely below 1 and the speedup is below ``1 − min_effect``
     (default 3 %: smaller slow-downs are noise on shared machines), or the candidate's
     error rate is higher.
-Pairs: requests with the same request id in both arms got the same prompt; over pairs that
+Pairs: requests with the same request id and prompt id in both arms; over pairs that
     both succeeded, length parity = Σ n_candidate / Σ n_baseline, length match = share with
     equal n, exact match = share with identical output text.
 """
@@ -165,7 +165,11 @@ def compare_category(
             )
         )
     by_id = {r.request_id: r for r in b_ok}
-    pairs = [(by_id[r.request_id], r) for r in c_ok if r.request_id in by_id]
+    pairs = [
+        (by_id[r.request_id], r)
+        for r in c_ok
+        if r.request_id in by_id and by_id[r.request_id].prompt_id == r.prompt_id
+    ]
     b_err = 1 - len(b_ok) / len(b_all) if b_all else 0.0
     c_err = 1 - len(c_ok) / len(c_all) if c_all else 0.0
     sum_b = sum(b.num_tokens for b, _ in pairs)
@@ -224,6 +228,8 @@ def compare(
         for label, cand in arms.items():
             if label == base_label:
                 continue
+            if base.manifest.prompt_set_hash != cand.manifest.prompt_set_hash:
+                notes.append(f"{load}: {label} ran a different prompt set than {base_label}")
             cats = [ALL, *sorted({r.category for r in base.measured()} - {ALL})]
             for cat in cats:
                 row = compare_category(load, cat, base, cand, seed)

@@ -110,6 +110,13 @@ def test_parity_and_exact_match() -> None:
     assert diff.exact_match_rate == 0.0 and diff.length_match_rate == 1.0
 
 
+def test_different_prompt_sets_are_noted() -> None:
+    other = synthetic("b", 10, 1)
+    other.manifest.prompt_set_hash = "other"
+    cmp = compare([synthetic("a", 10, 1), other])
+    assert any("different prompt set" in note for note in cmp.regressions)
+
+
 def test_bootstrap_is_seeded() -> None:
     rng = random.Random(0)
     base = [[rng.random()] for _ in range(50)]
