@@ -110,7 +110,7 @@ def test_split_frames_and_empty_chunks_and_usage_only_chunk() -> None:
         last = r.chunks[-1]
         assert not last.has_choice and last.usage_completion_tokens == 10
         assert r.e2e_s is not None and r.e2e_s * 1e9 < last.t_ns - r.send_ns + 1
-        assert r.finish_reason == "length"
+        assert r.finish_reason == "stop"  # 10 tokens < max_tokens
 
 
 def _prompt_of(r: RequestRecord) -> str:
@@ -128,6 +128,20 @@ def test_server_ignoring_stream_options_is_counted_from_text_and_flagged() -> No
     for r in ok_records(result):
         assert r.tokens_estimated and r.usage_completion_tokens is None and r.num_tokens == 9
     assert result.summary["*"].tokens_estimated == 6
+
+
+def test_no_usage_but_length_finish_gives_exact_n() -> None:
+    with serve_in_thread(
+        MockConfig(
+            ttft_ms=2, itl_ms=1, output_tokens=64, tokens_per_chunk=2, ignore_stream_options=True
+        )
+    ) as server:
+        result = run_benchmark(
+            spec(f"http://127.0.0.1:{server.port}", sampling=SamplingSpec(max_tokens=10))
+        )
+    for r in ok_records(result):
+        assert r.finish_reason == "length" and r.num_tokens == 10 and not r.tokens_estimated
+        assert r.chunk_tokens_estimated and r.tokens_per_chunk == [2] * 5
 
 
 def test_final_usage_only_apportions_chunks() -> None:

@@ -82,6 +82,7 @@ class Arm:
             send_ns=scheduled_ns,
         )
         body = request_body(prompt, self.spec.model, self.spec.endpoint, self.spec.sampling)
+        record.max_tokens = body["max_tokens"]
         return record, body
 
     def _now(self) -> int:

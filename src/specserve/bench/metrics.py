@@ -2,15 +2,17 @@
 
 Per request, with t = chunk arrival time − send time:
     token chunk: a chunk that carries at least one output token.
-    n: usage.completion_tokens when reported, else Σ chunk tokens (``tokens_estimated``).
+    n: usage.completion_tokens when reported, else max_tokens when the server finished with
+        ``finish_reason: "length"``, else Σ chunk tokens (``tokens_estimated``).
     TTFT = t(first token chunk);  E2E = t(last token chunk);  TPOT = (E2E − TTFT) / (n − 1).
     ICL (inter-chunk latency) = gaps between consecutive token chunks.
     per-token ITL = each gap / tokens in the chunk ending it, repeated once per token, so the
         distribution is token-weighted; a chunk of k tokens contributes k equal entries.
     TPC (tokens per chunk) = tokens carried by each token chunk.
 Tokens per chunk come, in order of preference, from the deltas of the cumulative
-``usage.completion_tokens`` (continuous usage stats), else from the final usage apportioned
-over the chunks by text length (``chunk_tokens_estimated``), else from the text
+``usage.completion_tokens`` (continuous usage stats), else from the known n (final usage, or
+max_tokens on a ``length`` finish) apportioned over the chunks by text length
+(``chunk_tokens_estimated``), else from the text
 (:func:`estimate_tokens`, ``tokens_estimated``).
 """
 
@@ -29,8 +31,13 @@ from specserve.bench.workloads import estimate_tokens
 PERCENTILES = (50, 90, 95, 99)
 
 
-def chunk_token_counts(chunks: Sequence[ChunkRecord]) -> tuple[list[int], bool, bool]:
-    """Tokens carried by each chunk, and flags (chunk counts apportioned, counts estimated)."""
+def chunk_token_counts(
+    chunks: Sequence[ChunkRecord], total: int | None = None
+) -> tuple[list[int], bool, bool]:
+    """Tokens carried by each chunk, and flags (chunk counts apportioned, counts estimated).
+
+    ``total`` is a known n to apportion when the chunks carry no usage at all.
+    """
     # chunks without text (e.g. the chat role chunk) need not carry usage
     continuous = [c.usage_completion_tokens for c in chunks if c.num_chars > 0]
     if continuous and all(u is not None for u in continuous):
@@ -48,6 +55,7 @@ def chunk_token_counts(chunks: Sequence[ChunkRecord]) -> tuple[list[int], bool, 
         ),
         None,
     )
+    final = total if final is None else final
     chars = [c.num_chars if c.has_choice else 0 for c in chunks]
     if final is not None and sum(chars) > 0:
         return _apportion(final, chars), True, False
@@ -76,13 +84,14 @@ def _apportion(total: int, weights: list[int]) -> list[int]:
 def derive(record: RequestRecord) -> RequestRecord:
     """Fill the derived fields of ``record`` from its raw chunks (in place; returns it)."""
     record.queue_s = max(0, record.send_ns - record.scheduled_ns) / 1e9
-    counts, apportioned, estimated = chunk_token_counts(record.chunks)
+    known = record.usage_completion_tokens
+    if known is None and record.finish_reason == "length" and record.max_tokens and record.ok:
+        known = record.max_tokens  # the server said it stopped at max_tokens
+    counts, apportioned, estimated = chunk_token_counts(record.chunks, known)
     token_chunks = [(c.t_ns, k) for c, k in zip(record.chunks, counts, strict=True) if k > 0]
     record.chunk_tokens_estimated = apportioned
     record.tokens_estimated = estimated
-    record.num_tokens = record.usage_completion_tokens or sum(k for _, k in token_chunks)
-    if record.usage_completion_tokens is None and not estimated:
-        record.tokens_estimated = True
+    record.num_tokens = known if known is not None else sum(k for _, k in token_chunks)
     record.tokens_per_chunk = [k for _, k in token_chunks]
     record.token_times_s = [(t - record.send_ns) / 1e9 for t, _ in token_chunks]
     if not token_chunks:

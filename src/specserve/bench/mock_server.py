@@ -158,12 +158,14 @@ class MockServer:
             prompt = json.dumps(request.get("messages", []), sort_keys=True)
         else:
             prompt = str(request.get("prompt", ""))
-        num_tokens = min(cfg.output_tokens, int(request.get("max_tokens") or cfg.output_tokens))
+        max_tokens = int(request.get("max_tokens") or cfg.output_tokens)
+        num_tokens = min(cfg.output_tokens, max_tokens)
+        final_reason = "length" if num_tokens == max_tokens else "stop"
         texts = [token_text(prompt, i) for i in range(num_tokens)]
         obj = "chat.completion" if chat else "text_completion"
         if not request.get("stream"):
             text = "".join(texts)
-            choice = {"index": 0, "finish_reason": "length"} | (
+            choice = {"index": 0, "finish_reason": final_reason} | (
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": num_tokens}
@@ -220,7 +222,7 @@ class MockServer:
             if cfg.empty_chunks:
                 await self._event(w, chunk("", done))
             done += k
-            finish = "length" if done == num_tokens else None
+            finish = final_reason if done == num_tokens else None
             text = "".join(texts[done - k : done])
             if cfg.stamp_send_time:  # CLOCK_MONOTONIC: comparable across local processes
                 text = f" @{time.perf_counter_ns()}" + text

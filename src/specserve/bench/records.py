@@ -42,6 +42,7 @@ class RequestRecord(BaseModel):
         default=None, description="Error text; None when the request succeeded."
     )
     finish_reason: str | None = None
+    max_tokens: int | None = Field(default=None, description="max_tokens sent.")
     chunks: list[ChunkRecord] = Field(default_factory=list)
     usage_completion_tokens: int | None = Field(
         default=None, description="Final reported n, if any."
