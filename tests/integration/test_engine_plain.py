@@ -80,3 +80,23 @@ def test_seeded_sampling_independent_of_batch() -> None:
     eng = LLMEngine(model, cache=CacheConfig(block_size=4, num_blocks=64))
     together = run_staggered(eng, prompts, params, {rid: i for i, rid in enumerate(prompts)})
     assert {rid: tokens_of(o) for rid, o in together.items()} == alone
+
+
+def test_stop_token_ids_and_min_tokens_masking() -> None:
+    model = make_tiny_model("llama")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    ref = generate_plain(model, prompt, SamplingParams(max_tokens=8, ignore_eos=True), ())
+    engine = LLMEngine(model, cache=CacheConfig(block_size=4, num_blocks=32))
+    # A stop id ends generation at its first occurrence, which is counted like EOS.
+    stop = ref.token_ids[2]
+    first = ref.token_ids.index(stop)
+    p = {"s": SamplingParams(max_tokens=8, stop_token_ids=(stop,))}
+    outs = run_staggered(engine, {"s": prompt}, p, {"s": 0})["s"]
+    assert tokens_of(outs) == ref.token_ids[: first + 1]
+    assert outs[-1].finish_reason == "stop"
+    # Before min_tokens the stop id's logit is masked: it is never emitted, the argmax of the
+    # remaining vocabulary is taken instead.
+    p = {"m": SamplingParams(max_tokens=8, min_tokens=8, stop_token_ids=(ref.token_ids[0],))}
+    toks = tokens_of(run_staggered(engine, {"m": prompt}, p, {"m": 0})["m"])
+    assert len(toks) == 8 and ref.token_ids[0] not in toks
+    engine.kv.check_invariants()

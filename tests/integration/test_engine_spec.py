@@ -134,3 +134,21 @@ def test_abort_mid_speculation_frees_everything() -> None:
     engine.kv.check_invariants()
     assert engine.kv.pool.num_used_blocks == 0
     assert engine.step() == []
+
+
+def test_seeded_sampling_with_speculation_independent_of_batch() -> None:
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    draft = make_tiny_model("llama", seed=4, vocab_size=VOCAB)
+    prompts, _ = prompts_and_params(4, seed=6)
+    params = {
+        rid: SamplingParams(temperature=0.9, seed=10 + i, max_tokens=15, ignore_eos=True)
+        for i, rid in enumerate(prompts)
+    }
+    alone = {}
+    for rid in prompts:
+        engine = make_engine(target, "draft", 3, draft)
+        alone[rid] = tokens_of(run_staggered(engine, {rid: prompts[rid]}, params, {rid: 0})[rid])
+    engine = make_engine(target, "draft", 3, draft)
+    together = run_staggered(engine, prompts, params, {rid: i for i, rid in enumerate(prompts)})
+    assert {rid: tokens_of(o) for rid, o in together.items()} == alone
+    assert engine.stats().spec.num_drafts > 0
