@@ -152,3 +152,24 @@ def test_seeded_sampling_with_speculation_independent_of_batch() -> None:
     together = run_staggered(engine, prompts, params, {rid: i for i, rid in enumerate(prompts)})
     assert {rid: tokens_of(o) for rid, o in together.items()} == alone
     assert engine.stats().spec.num_drafts > 0
+
+
+def test_k_controller_sees_batch_size_and_measured_costs() -> None:
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    engine = make_engine(target, "ngram", None)
+    controller = engine.k_controller
+    assert controller is not None
+    seen: list[int] = []
+    choose = controller.choose_k
+
+    def spy(request_id: str, batch_size: int = 1) -> int:
+        seen.append(batch_size)
+        return choose(request_id, batch_size)
+
+    controller.choose_k = spy  # type: ignore[method-assign]
+    prompts, _ = prompts_and_params(3, seed=8)
+    params = {rid: SamplingParams(max_tokens=12, ignore_eos=True) for rid in prompts}
+    run_staggered(engine, prompts, params, {rid: 0 for rid in prompts})
+    assert 3 in seen  # all three decoding together
+    # Pure decode steps were timed and reported per batch size.
+    assert any(b == 3 for b, _ in controller._verify_cost)  # type: ignore[attr-defined]
