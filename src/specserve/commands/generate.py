@@ -1,0 +1,184 @@
+"""``specserve generate``: one prompt, batch 1, plain or speculative decoding.
+
+Prints the text, prefill and decode speed, and for speculation the acceptance rate, the
+mean acceptance length and (``--compare-plain``) the decode speedup over plain decoding of
+the same prompt, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from specserve.config import SpecConfig
+from specserve.engine.generate import GenerationResult, generate_plain
+from specserve.sampling_params import SamplingParams
+from specserve.spec.draft_model import DraftModelProposer, check_vocab_compatible
+from specserve.spec.generate import SpecGenerationResult, generate_speculative
+from specserve.spec.k_controller import KController
+from specserve.spec.ngram import NgramProposer
+from specserve.spec.proposer import Proposer
+from specserve.spec.suffix import SuffixProposer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+K_MAX_DEFAULT = 8
+
+
+def _k_arg(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
+    if not 0 <= k <= 32:
+        raise argparse.ArgumentTypeError(f"must be in [0, 32], got {k}")
+    return k
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text for one prompt (plain or speculative), with speed and acceptance",
+        description="Batch-1 generation with plain or speculative decoding.",
+    )
+    p.add_argument("--model", required=True, help="target: catalog name, .gguf file or HF dir")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept")
+    p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0 = all)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--spec-method", choices=["none", "draft", "ngram", "suffix"], default="none")
+    p.add_argument("--draft-model", default=None, help="draft model (method 'draft')")
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=_k_arg,
+        default=None,
+        metavar="K|auto",
+        help="draft tokens per step, or 'auto' for the adaptive controller (default auto)",
+    )
+    p.add_argument("--k-max", type=int, default=K_MAX_DEFAULT, help="largest adaptive k")
+    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding")
+    p.set_defaults(func=run)
+
+
+def make_proposer(
+    method: str,
+    target_vocab_size: int,
+    draft_model: torch.nn.Module | None = None,
+    max_model_len: int = 4096,
+    ngram_min: int = 2,
+    ngram_max: int = 4,
+) -> Proposer:
+    """The batch-1 proposer for a method name (``draft`` needs the draft decoder)."""
+    if method == "ngram":
+        return NgramProposer(ngram_min, ngram_max)
+    if method == "suffix":
+        return SuffixProposer()
+    if method == "draft":
+        if draft_model is None:
+            raise ValueError("method 'draft' needs a draft model")
+        return DraftModelProposer(
+            draft_model,  # type: ignore[arg-type]
+            target_vocab_size,
+            max_num_seqs=1,
+            max_model_len=max_model_len,
+        )
+    raise ValueError(f"unknown speculative method {method!r}")
+
+
+def _report(label: str, res: GenerationResult) -> None:
+    print(
+        f"[{label}] {len(res.token_ids)} tokens ({res.finish_reason}); "
+        f"prefill {res.num_prompt_tokens} tokens at {res.prefill_tokens_per_s:.1f} tok/s; "
+        f"decode {res.decode_tokens_per_s:.2f} tok/s"
+    )
+    if isinstance(res, SpecGenerationResult) and res.k_history:
+        s = res.stats
+        per_pos = ", ".join(f"{a:.2f}" for a in s.acceptance_rate_per_pos())
+        print(
+            f"[{label}] acceptance rate {s.acceptance_rate:.3f}, mean acceptance length "
+            f"{s.mean_acceptance_length:.2f}, drafts {s.num_drafts}, target forwards "
+            f"{res.num_target_forwards}, mean k {sum(res.k_history) / len(res.k_history):.2f}; "
+            f"per position [{per_pos}]"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from specserve.loading import load_model  # heavy imports only when the command runs
+
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+        spec = SpecConfig(
+            method=args.spec_method,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+            k_max=max(args.k_max, args.num_speculative_tokens or 1),
+        )
+        dtype = DTYPES[args.dtype]
+        target = load_model(args.model, dtype=dtype)
+        tok = target.tokenizer
+        text = (
+            tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+            if args.chat
+            else args.prompt
+        )
+        prompt_ids = list(tok.encode(text, add_special_tokens=not args.chat))
+        eos = tuple(tok.eos_token_ids)
+        proposer = None
+        if spec.enabled:
+            draft = None
+            if spec.method == "draft":
+                assert spec.draft_model is not None
+                draft_lm = load_model(spec.draft_model, dtype=dtype)
+                check_vocab_compatible(
+                    target.arch.vocab_size, draft_lm.arch.vocab_size, tok, draft_lm.tokenizer
+                )
+                draft = draft_lm.model
+            max_len = len(prompt_ids) + params.max_tokens + spec.k_max + 1
+            proposer = make_proposer(
+                spec.method, target.arch.vocab_size, draft, max_len, spec.ngram_min, spec.ngram_max
+            )
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def detok(ids: list[int]) -> str:
+        return tok.decode(ids)
+
+    results: dict[str, GenerationResult] = {}
+    if proposer is None or args.compare_plain:
+        results["plain"] = generate_plain(target.model, prompt_ids, params, eos)
+    if proposer is not None:
+        k: int | KController = (
+            spec.num_speculative_tokens
+            if spec.num_speculative_tokens is not None
+            else KController(spec.k_max)
+        )
+        results[spec.method] = generate_speculative(
+            target.model, proposer, prompt_ids, params, eos, k, detokenize=detok
+        )
+    shown = results[spec.method] if proposer is not None else results["plain"]
+    print(tok.decode(shown.token_ids))
+    print("---")
+    for label, res in results.items():
+        _report(label, res)
+    if proposer is not None and "plain" in results:
+        plain, sp = results["plain"], results[spec.method]
+        speedup = (
+            sp.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_tokens_per_s else 0.0
+        )
+        same = "identical" if sp.token_ids == plain.token_ids else "DIFFERENT"
+        print(f"speedup vs plain (decode tok/s): {speedup:.2f}x; output {same} to plain")
+    return 0

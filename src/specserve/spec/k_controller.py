@@ -1,0 +1,216 @@
+"""Choosing k (draft tokens per step) per request to maximise expected tokens per second.
+
+Terms:
+    conditional acceptance a_i: probability that draft position i is accepted given that
+        positions < i were. Estimated per request from decayed counts, shrunk towards the
+        estimate over all requests (which is itself shrunk towards ``prior_acceptance``).
+    expected tokens E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i: accepted drafts plus the
+        recovered/bonus token of one verify step.
+    step cost C(k) = draft_cost(k) + verify_cost(k + 1): measured wall times. The draft cost
+        is a per-draft-token time, the verify cost a time per number of tokens verified per
+        request, both per batch size (the engine passes it). Unmeasured verify sizes are
+        estimated from the nearest measured one and a mild prior slope (a k + 1 token forward
+        costs about what a 1 token forward does when memory bound).
+    rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
+
+k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
+``probe_interval`` plain steps a request probes with a small k so that its acceptance
+estimate can recover (the text may have turned repetitive).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Relative cost of verifying n tokens vs 1 when nothing is measured yet: +2 % per token.
+_VERIFY_SLOPE_PRIOR = 0.02
+
+
+@dataclass
+class _Acceptance:
+    accepted: list[float] = field(default_factory=list)  # decayed count per position
+    reached: list[float] = field(default_factory=list)  # decayed drafts reaching position
+
+    def observe(self, num_drafted: int, num_accepted: int, decay: float) -> None:
+        self.accepted[:] = [a * decay for a in self.accepted]
+        self.reached[:] = [r * decay for r in self.reached]
+        n = min(num_drafted, num_accepted + 1)  # positions whose outcome we saw
+        while len(self.reached) < n:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        for i in range(n):
+            self.reached[i] += 1.0
+            if i < num_accepted:
+                self.accepted[i] += 1.0
+
+    def rate(self, pos: int, prior: float, weight: float) -> float:
+        """Shrunk estimate of a_pos; unseen positions take the last seen one's counts."""
+        if not self.reached:
+            return prior
+        i = min(pos, len(self.reached) - 1)
+        return (self.accepted[i] + weight * prior) / (self.reached[i] + weight)
+
+
+@dataclass
+class _RequestState:
+    acceptance: _Acceptance = field(default_factory=_Acceptance)
+    plain_steps: int = 0  # consecutive steps with k = 0
+
+
+class KController:
+    """Per-request k in [0, k_max] (see the module docstring); ``fixed_k`` disables adaptation.
+
+    Args:
+        k_max: largest k ever chosen.
+        fixed_k: always choose this k (still capped by k_max).
+        prior_acceptance: a_i assumed before anything is observed.
+        prior_weight: pseudo-observations behind each prior.
+        decay: per-observation decay of a request's counts (recent steps weigh more).
+        probe_interval: plain steps after which a request tries speculation again.
+        draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
+        ema: weight of a new cost measurement in the running averages.
+    """
+
+    def __init__(
+        self,
+        k_max: int,
+        fixed_k: int | None = None,
+        prior_acceptance: float = 0.7,
+        prior_weight: float = 2.0,
+        decay: float = 0.95,
+        probe_interval: int = 16,
+        draft_cost_prior: float = 0.1,
+        ema: float = 0.2,
+    ) -> None:
+        if k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {k_max}")
+        if fixed_k is not None and not (0 <= fixed_k <= k_max):
+            raise ValueError(f"fixed_k must be in [0, k_max={k_max}], got {fixed_k}")
+        if not (0.0 < prior_acceptance < 1.0):
+            raise ValueError(f"prior_acceptance must be in (0, 1), got {prior_acceptance}")
+        if not (0.0 < decay <= 1.0) or not (0.0 < ema <= 1.0):
+            raise ValueError(f"decay and ema must be in (0, 1], got {decay}, {ema}")
+        if probe_interval < 1:
+            raise ValueError(f"probe_interval must be >= 1, got {probe_interval}")
+        self.k_max = k_max
+        self.fixed_k = fixed_k
+        self.prior_acceptance = prior_acceptance
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.probe_interval = probe_interval
+        self.draft_cost_prior = draft_cost_prior
+        self.ema = ema
+        self._global = _Acceptance()
+        self._requests: dict[str, _RequestState] = {}
+        self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
+        self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
+
+    # ---- observations ---------------------------------------------------------------------
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """One verify step of a request: ``num_accepted`` of ``num_drafted`` drafts kept."""
+        if not (0 <= num_accepted <= num_drafted):
+            raise ValueError(
+                f"need 0 <= num_accepted <= num_drafted, got {num_accepted}, {num_drafted}"
+            )
+        if num_drafted == 0:
+            return
+        state = self._requests.setdefault(request_id, _RequestState())
+        state.acceptance.observe(num_drafted, num_accepted, self.decay)
+        self._global.observe(num_drafted, num_accepted, 1.0)
+
+    def record_cost(
+        self,
+        draft_s: float,
+        num_draft_steps: int,
+        verify_s: float,
+        num_verified_tokens: int,
+        batch_size: int = 1,
+    ) -> None:
+        """Measured times of one step.
+
+        Args:
+            draft_s: wall time of the propose call (0 when nothing was proposed).
+            num_draft_steps: the k it was asked for (0 for a plain step).
+            verify_s: wall time of the target forward (+ verification).
+            num_verified_tokens: tokens per request in that forward (k + 1; 1 when plain).
+            batch_size: requests in the step.
+        """
+        if num_draft_steps > 0:
+            self._update(self._draft_cost, batch_size, draft_s / num_draft_steps)
+        self._update(self._verify_cost, (batch_size, num_verified_tokens), verify_s)
+
+    def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
+        old = table.get(key)
+        table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
+
+    def release(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    # ---- decisions -------------------------------------------------------------------------
+
+    def acceptance_estimates(self, request_id: str, k: int) -> list[float]:
+        """Estimated conditional acceptance a_0 .. a_{k-1} for the request."""
+        state = self._requests.get(request_id)
+        out = []
+        for i in range(k):
+            prior = self._global.rate(i, self.prior_acceptance, self.prior_weight)
+            out.append(state.acceptance.rate(i, prior, self.prior_weight) if state else prior)
+        return out
+
+    def expected_tokens(self, request_id: str, k: int) -> float:
+        """E(k): expected tokens from one verify step with k drafts."""
+        total, reach = 1.0, 1.0
+        for a in self.acceptance_estimates(request_id, k):
+            reach *= a
+            total += reach
+        return total
+
+    def verify_cost(self, num_tokens: int, batch_size: int = 1) -> float:
+        """Estimated target step time for ``num_tokens`` per request (unit 1 if unmeasured)."""
+        measured = {n: s for (b, n), s in self._verify_cost.items() if b == batch_size}
+        if not measured:
+            measured = {n: s for (_, n), s in self._verify_cost.items()}
+        if not measured:
+            return 1.0 + _VERIFY_SLOPE_PRIOR * (num_tokens - 1)
+        if num_tokens in measured:
+            return measured[num_tokens]
+        nearest = min(measured, key=lambda n: (abs(n - num_tokens), n))
+        ratio = (1.0 + _VERIFY_SLOPE_PRIOR * (num_tokens - 1)) / (
+            1.0 + _VERIFY_SLOPE_PRIOR * (nearest - 1)
+        )
+        return measured[nearest] * ratio
+
+    def draft_cost(self, k: int, batch_size: int = 1) -> float:
+        """Estimated propose time for k draft tokens."""
+        per_token = self._draft_cost.get(batch_size)
+        if per_token is None and self._draft_cost:
+            per_token = self._draft_cost[min(self._draft_cost, key=lambda b: abs(b - batch_size))]
+        if per_token is None:
+            per_token = self.draft_cost_prior * self.verify_cost(1, batch_size)
+        return k * per_token
+
+    def rate(self, request_id: str, k: int, batch_size: int = 1) -> float:
+        """Expected tokens per second with k drafts."""
+        cost = self.draft_cost(k, batch_size) + self.verify_cost(k + 1, batch_size)
+        return self.expected_tokens(request_id, k) / cost
+
+    def best_k(self, request_id: str, batch_size: int = 1) -> int:
+        """argmax_k rate(k) over 0..k_max (ties go to the smaller k)."""
+        rates = [self.rate(request_id, k, batch_size) for k in range(self.k_max + 1)]
+        return max(range(len(rates)), key=lambda k: (rates[k], -k))
+
+    def choose_k(self, request_id: str, batch_size: int = 1) -> int:
+        """k for this request's next step (0 = plain decoding)."""
+        if self.fixed_k is not None:
+            return self.fixed_k
+        state = self._requests.setdefault(request_id, _RequestState())
+        k = self.best_k(request_id, batch_size)
+        if k > 0:
+            state.plain_steps = 0
+            return k
+        state.plain_steps += 1
+        if state.plain_steps >= self.probe_interval and self.k_max > 0:
+            state.plain_steps = 0
+            return min(2, self.k_max)  # probe: cheap, and it measures positions 0 and 1
+        return 0

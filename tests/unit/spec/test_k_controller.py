@@ -1,0 +1,97 @@
+"""The k controller: expected tokens, cost model, k = 0 when speculation does not pay,
+re-probing, fixed k, and convergence to the best k on a simulated workload."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specserve.spec.k_controller import KController
+
+
+def test_fixed_k() -> None:
+    c = KController(8, fixed_k=5)
+    assert c.choose_k("r") == 5
+    c.observe("r", 5, 0)
+    assert c.choose_k("r", batch_size=16) == 5
+    with pytest.raises(ValueError):
+        KController(4, fixed_k=5)
+    with pytest.raises(ValueError):
+        KController(-1)
+
+
+def test_expected_tokens_from_priors_and_observations() -> None:
+    c = KController(8, prior_acceptance=0.5, prior_weight=2.0)
+    assert c.expected_tokens("new", 0) == 1.0
+    assert c.expected_tokens("new", 2) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(200):
+        c.observe("r", 4, 4)
+    # Per-request estimate near 1 at every observed position.
+    assert c.expected_tokens("r", 4) == pytest.approx(5.0, abs=0.2)
+    # Another request borrows the global estimate as its prior.
+    assert c.expected_tokens("other", 4) > c.expected_tokens("new-controller-would-have", 0)
+    with pytest.raises(ValueError):
+        c.observe("r", 2, 3)
+
+
+def test_speculation_off_when_it_does_not_pay_and_reprobe() -> None:
+    c = KController(8, probe_interval=5)
+    c.record_cost(0.0, 0, 0.2, 1)  # plain step: 200 ms
+    c.record_cost(0.4, 4, 0.22, 5)  # draft 100 ms per token, verify of 5 tokens 220 ms
+    for _ in range(50):
+        c.observe("r", 4, 0)  # nothing ever accepted
+    ks = [c.choose_k("r") for _ in range(10)]
+    assert ks.count(0) == 8 and ks[4] == ks[9] == 2  # plain, with a probe every 5th step
+    # The text turns repetitive: probes succeed and speculation comes back.
+    for _ in range(40):
+        c.observe("r", 2, 2)
+    assert c.choose_k("r") > 0
+
+
+def test_cheap_accurate_drafts_use_large_k() -> None:
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.001, 8, 0.24, 9)  # an n-gram-like proposer: drafting is free
+    for _ in range(30):
+        c.observe("r", 8, 8)
+    assert c.choose_k("r") == 8
+
+
+def test_verify_cost_interpolation() -> None:
+    c = KController(8)
+    assert c.verify_cost(1) == 1.0 and c.verify_cost(3) == pytest.approx(1.04)
+    c.record_cost(0.0, 0, 0.2, 1, batch_size=1)
+    c.record_cost(0.0, 0, 0.5, 1, batch_size=8)
+    assert c.verify_cost(1, 1) == 0.2 and c.verify_cost(1, 8) == 0.5
+    assert c.verify_cost(5, 1) == pytest.approx(0.2 * 1.08)
+    assert c.verify_cost(1, 3) == 0.2 or c.verify_cost(1, 3) == 0.5  # unmeasured batch size
+
+
+def simulate(c: KController | None, k_fixed: int, accept: list[float], steps: int = 400) -> float:
+    """Tokens per second of a request with per-position acceptance ``accept`` on a model
+    whose step costs draft 50 ms/token and verify 200 ms (+2 % per token)."""
+    rng = random.Random(0)
+    tokens, seconds = 0, 0.0
+    for _ in range(steps):
+        k = c.choose_k("r") if c is not None else k_fixed
+        n = 0
+        while n < k and rng.random() < accept[min(n, len(accept) - 1)]:
+            n += 1
+        draft_s, verify_s = 0.05 * k, 0.2 * (1 + 0.02 * k)
+        if c is not None:
+            c.observe("r", k, n)
+            c.record_cost(draft_s, k, verify_s, k + 1)
+        tokens += n + 1
+        seconds += draft_s + verify_s
+    return tokens / seconds
+
+
+@pytest.mark.parametrize(
+    "accept", [[0.95], [0.9, 0.8, 0.7, 0.6], [0.6, 0.4], [0.1], [0.0]], ids=str
+)
+def test_adaptive_is_close_to_the_best_fixed_k(accept: list[float]) -> None:
+    best = max(simulate(None, k, accept) for k in range(9))
+    adaptive = simulate(KController(8), 0, accept)
+    assert adaptive >= 0.93 * best, (adaptive, best)
+    assert adaptive >= 0.95 * simulate(None, 0, accept)  # never much worse than plain
