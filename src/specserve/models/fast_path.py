@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specserve.models.decoder import DecoderLM, RotaryEmbedding
+from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models.decoder import AttentionMetadata, DecoderLM, RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,58 @@ class CachedRotary(nn.Module):
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
+class InvariantContextForward:
+    """Batch-1 forward whose numbers for a token do not depend on how tokens are chunked.
+
+    Why: attention reduces over the context slots it is given. A decode step at position p
+    gets p + 1 of them; a verification of positions p..p+k gets p + k + 1 for every row, the
+    extra keys masked. Masked keys add exact zeros, but a different reduction length
+    changes the summation order, so bf16 rounding differs and near-ties flip (observed with
+    int8 weights). Here every token at position p attends over exactly
+    ``bucket(p) = ceil((p + 1) / bucket_size) * bucket_size`` slots (the extra ones point at
+    the scratch slot and are masked); a chunk whose rows fall in different buckets runs as
+    one forward per bucket. With row-independent linears (weight-only int8/int4, see
+    models/quant.py) verify and decode then compute identical hidden states.
+
+    Batches of several sequences pass through unchanged (their context is padded to the
+    longest row, which this cannot undo).
+    """
+
+    def __init__(self, forward: Callable[..., torch.Tensor], bucket_size: int = 128) -> None:
+        if bucket_size < 1:
+            raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+        self.forward = forward
+        self.bucket_size = bucket_size
+
+    def _bucket(self, position: int) -> int:
+        return -(-(position + 1) // self.bucket_size) * self.bucket_size
+
+    def __call__(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCacheTensors
+    ) -> torch.Tensor:
+        if input_ids.shape[0] != 1:
+            return self.forward(input_ids, meta, kv)
+        # Host sync on the positions (free on CPU; one per forward on an accelerator).
+        positions = meta.positions[0].tolist()
+        buckets = [self._bucket(p) for p in positions]
+        parts = []
+        start = 0
+        scratch = KVCacheTensors.SCRATCH_BLOCK * kv.block_size
+        for end in range(1, len(positions) + 1):
+            if end < len(positions) and buckets[end] == buckets[start]:
+                continue
+            s = buckets[start]
+            ctx = meta.context_slots[:, :s]  # [1, <=s]
+            if ctx.shape[1] < s:
+                ctx = torch.nn.functional.pad(ctx, (0, s - ctx.shape[1]), value=scratch)
+            sub = AttentionMetadata(
+                meta.positions[:, start:end], meta.slot_mapping[:, start:end], ctx
+            )
+            parts.append(self.forward(input_ids[:, start:end], sub, kv))
+            start = end
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 @dataclass(frozen=True)
 class FastPathOptions:
     """How to optimise a model for decoding.
@@ -62,11 +115,15 @@ class FastPathOptions:
             context length does not recompile). The first forward of each new query length
             (1 for decode, k + 1 for verify) pays the compile time.
         num_threads: ``torch.set_num_threads`` value; None leaves the setting alone.
+        invariant_context_bucket: if set, batch-1 forwards attend over a context length that
+            depends only on each token's position (see :class:`InvariantContextForward`), so
+            speculative greedy output equals plain greedy output with int8/int4 weights.
     """
 
     rope_tables: bool = True
     compile: bool = False
     num_threads: int | None = None
+    invariant_context_bucket: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and self.num_threads < 1:
@@ -87,6 +144,9 @@ def optimize_for_decode(model: DecoderLM, options: FastPathOptions | None = None
         # __call__) runs the compiled graph while hooks and state_dict stay as they were.
         model.forward = torch.compile(model.forward, dynamic=True)  # type: ignore[method-assign]
         model._specserve_compiled = True  # type: ignore[assignment]
+    bucket = options.invariant_context_bucket
+    if bucket is not None and not isinstance(model.forward, InvariantContextForward):
+        model.forward = InvariantContextForward(model.forward, bucket)  # type: ignore[method-assign]
     return model
 
 

@@ -1,0 +1,236 @@
+"""``specserve perf``: CPU decode speed of specserve (each weight format, plain / speculative /
+fused), transformers (plain, assisted) and llama.cpp (plain, prompt lookup) on the same
+prompts, plus memory bandwidth, achieved bandwidth, peak memory and quantisation quality.
+
+All arms run in one invocation on the same machine; ratios are taken inside the run. Arms
+that cannot run (llama_cpp missing, transformers missing) are printed with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.commands.perf_arms import (
+    ArmResult,
+    hf_from_decoder,
+    measure_bandwidth_gbs,
+    run_llamacpp,
+    run_specserve_fused,
+    run_specserve_plain,
+    run_specserve_spec,
+    run_transformers,
+)
+from specserve.commands.perf_report import (
+    HELD_OUT_TEXT,
+    mean_log_likelihood,
+    print_quality,
+    print_table,
+    quality_vs,
+)
+from specserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+PROMPTS: dict[str, tuple[str, str]] = {
+    # name -> (kind, chat message); "palindrome" and "cat" are the prompts of PEERS.md.
+    "palindrome": ("open", "Write a Python function that checks whether a string is a palindrome."),
+    "fizzbuzz": ("open", "Write a Python function fizzbuzz(n) that returns a list of strings."),
+    "cat": ("structured", "Repeat the following line 10 times: the cat sat on the mat."),
+    "json": (
+        "structured",
+        'Output this JSON object again, unchanged: {"id": 17, "name": "widget", "tags": '
+        '["a", "b", "c"], "price": 12.5, "stock": {"warehouse": 120, "store": 8}}',
+    ),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("perf", help="CPU performance: specserve vs transformers vs llama.cpp")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument(
+        "--weights",
+        default="bf16,int8,int4",
+        help="comma list of specserve weight formats (fp32, bf16, int8, int4)",
+    )
+    p.add_argument("--prompts", default="palindrome,cat", help=f"comma list of {list(PROMPTS)}")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--k", type=int, default=4, help="draft length of fixed-k arms")
+    p.add_argument(
+        "--arms",
+        default="plain,draft,ngram,fused,transformers,llamacpp",
+        help="which arm groups to run",
+    )
+    p.add_argument(
+        "--llama-python",
+        default=os.environ.get("SPECSERVE_LLAMA_PYTHON", sys.executable),
+        help="interpreter with llama_cpp (env SPECSERVE_LLAMA_PYTHON)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch/llama.cpp threads")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoders")
+    p.add_argument(
+        "--context-bucket",
+        type=int,
+        default=128,
+        help="attention context bucket making verify == decode (0: off)",
+    )
+    p.set_defaults(func=run)
+
+
+def chat_prompt_ids(lm: Any, message: str) -> list[int]:
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": message}])
+    return list(lm.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specserve.loading import CATALOG
+    from specserve.loading.transport import fetch
+    from specserve.models.fast_path import FastPathOptions, optimize_for_decode
+    from specserve.models.quant_cache import load_model_with_weights
+    from specserve.spec.k_controller import KController
+
+    formats = [w for w in args.weights.split(",") if w]
+    names = [n for n in args.prompts.split(",") if n]
+    arms_wanted = set(args.arms.split(","))
+    for n in names:
+        if n not in PROMPTS:
+            print(f"unknown prompt {n!r}; choose from {list(PROMPTS)}", file=sys.stderr)
+            return 2
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    fast = FastPathOptions(
+        compile=args.compile, invariant_context_bucket=args.context_bucket or None
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    bw = measure_bandwidth_gbs()
+    print(f"memory read bandwidth: {bw:.1f} GB/s (1 GiB fp32 sum, best of 5); threads {threads}")
+
+    results: list[ArmResult] = []
+    plain_by_fmt: dict[str, ArmResult] = {}
+    prompts: list[list[int]] = []
+    eos: tuple[int, ...] = ()
+    hf_pair = None
+    loglik: dict[str, float] = {}
+    for i, fmt in enumerate(formats):
+        t0 = time.perf_counter()
+        target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
+        draft = load_model_with_weights(args.draft, fmt)  # type: ignore[arg-type]
+        load_s = time.perf_counter() - t0
+        optimize_for_decode(target.model, fast)
+        optimize_for_decode(draft.model, fast)
+        if not prompts:
+            prompts = [chat_prompt_ids(target, PROMPTS[n][1]) for n in names]
+            eos = tuple(target.tokenizer.eos_token_ids)
+        tm, dm = target.model, draft.model
+        plain = run_specserve_plain(f"specserve {fmt} plain", tm, prompts, params, eos)
+        plain_by_fmt[fmt] = plain
+        results.append(plain)
+        text_ids = target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False)
+        loglik[fmt] = mean_log_likelihood(tm, list(text_ids))
+        if i == 0:
+            print(
+                f"peak RSS after loading target+draft ({fmt}) and decoding: "
+                f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
+            )
+        if "draft" in arms_wanted:
+            from specserve.spec.draft_model import DraftModelProposer
+
+            def factory(dm=dm, tm=tm):  # type: ignore[no-untyped-def]
+                return DraftModelProposer(dm, tm.cfg.vocab_size, max_num_seqs=1, max_model_len=4096)
+
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} draft k={args.k}", tm, factory, args.k, prompts, params, eos
+                )
+            )
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} draft k=adaptive",
+                    tm,
+                    factory,
+                    lambda: KController(8),
+                    prompts,
+                    params,
+                    eos,
+                )
+            )
+        if "ngram" in arms_wanted:
+            from specserve.spec.ngram import NgramProposer
+
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} ngram k=adaptive",
+                    tm,
+                    NgramProposer,
+                    lambda: KController(8),
+                    prompts,
+                    params,
+                    eos,
+                )
+            )
+        if "fused" in arms_wanted:
+            results.append(
+                run_specserve_fused(
+                    f"specserve {fmt} fused draft k={args.k}", tm, dm, args.k, prompts, params, eos
+                )
+            )
+        if fmt == "bf16" and "transformers" in arms_wanted:
+            hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
+            results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+        del target, draft, tm, dm
+    if "transformers" in arms_wanted and hf_pair is None:
+        results.append(ArmResult("transformers", error="needs bf16 in --weights"))
+    if "llamacpp" in arms_wanted:
+        gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
+        results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
+
+    print_table(results, names, [PROMPTS[n][0] for n in names], bw, plain_by_fmt)
+    if "bf16" in plain_by_fmt:
+        print_quality(quality_vs(plain_by_fmt, "bf16"), results)
+    print(
+        "mean log-likelihood per token of the held-out text: "
+        + ", ".join(
+            f"{f} {v:.4f}" + (f" (Δ {v - loglik['bf16']:+.4f})" if "bf16" in loglik else "")
+            for f, v in loglik.items()
+        )
+    )
+    return 0
+
+
+def _transformers_arms(hf_pair, prompts, max_tokens, eos) -> list[ArmResult]:  # type: ignore[no-untyped-def]
+    try:
+        return [
+            run_transformers("transformers bf16 plain", hf_pair[0], prompts, max_tokens, eos),
+            run_transformers(
+                "transformers bf16 assisted",
+                hf_pair[0],
+                prompts,
+                max_tokens,
+                eos,
+                assistant=hf_pair[1],
+            ),
+            run_transformers(
+                "transformers bf16 prompt-lookup",
+                hf_pair[0],
+                prompts,
+                max_tokens,
+                eos,
+                prompt_lookup=4,
+            ),
+        ]
+    except Exception as e:  # report the arm's failure in the table rather than abort the run
+        logger.exception("transformers arm failed")
+        return [ArmResult("transformers", error=f"{type(e).__name__}: {e}")]

@@ -1,0 +1,62 @@
+"""llama.cpp arm of ``specserve perf``, run by the interpreter that has ``llama_cpp``.
+
+Standalone on purpose (stdlib + ``llama_cpp`` only): ``llama-cpp-python`` usually lives in a
+virtual environment of its own. Input: one JSON argument ``{"gguf", "prompts" (token id
+lists), "max_tokens", "threads", "modes", "num_pred_tokens", "eos"}``. Output: one JSON line
+per (mode, prompt) on stdout with the generated ids and timings.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main() -> int:
+    args = json.loads(sys.argv[1])
+    try:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError as e:
+        print(json.dumps({"error": f"llama_cpp is not importable here: {e}"}), flush=True)
+        return 2
+    eos = set(args["eos"])
+    for mode in args["modes"]:
+        kwargs = {}
+        if mode == "prompt_lookup":
+            kwargs["draft_model"] = LlamaPromptLookupDecoding(
+                num_pred_tokens=args["num_pred_tokens"]
+            )
+        llm = Llama(
+            model_path=args["gguf"],
+            n_ctx=args.get("n_ctx", 2048),
+            n_threads=args["threads"],
+            n_threads_batch=args["threads"],
+            verbose=False,
+            **kwargs,
+        )
+        for prompt in args["prompts"]:
+            llm.reset()
+            out: list[int] = []
+            t0 = time.perf_counter()
+            t1 = t0
+            for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, reset=True):
+                if not out:
+                    t1 = time.perf_counter()
+                out.append(int(tok))
+                if int(tok) in eos or len(out) >= args["max_tokens"]:
+                    break
+            t2 = time.perf_counter()
+            print(
+                json.dumps(
+                    {"mode": mode, "token_ids": out, "prefill_s": t1 - t0, "decode_s": t2 - t1}
+                ),
+                flush=True,
+            )
+        del llm
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
