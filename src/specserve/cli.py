@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "deploy": "specserve.commands.deploy",
     "models": "specserve.commands.models",
     "generate": "specserve.commands.generate",
+    "perf": "specserve.commands.perf",
 }
 
 
