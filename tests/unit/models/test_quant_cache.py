@@ -40,7 +40,7 @@ def test_second_load_reads_the_cache(tmp_path: Path) -> None:
     assert files[0].stat().st_mtime_ns == mtime  # read, not rewritten
     for lm in (first, second):
         assert isinstance(lm.model.model.embed_tokens, Int8Embedding)
-        assert isinstance(lm.model.model.layers[0].mlp.down_proj, Int8Linear)
+        assert isinstance(lm.model.get_submodule("model.layers.0.mlp.down_proj"), Int8Linear)
         assert lm.model.dtype == torch.bfloat16
     ids = lm.tokenizer.encode("def fib(n):", add_special_tokens=False)
     h1 = SingleSequenceCache(first.model, 32).forward(ids)
