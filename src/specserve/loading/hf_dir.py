@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as BackendTokenizer
 
 from specserve.loading.errors import CorruptModelError, HubUnavailableError, ModelNotFoundError
@@ -68,7 +68,7 @@ def iter_hf_weights(directory: Path, dtype: torch.dtype) -> Iterator[tuple[str, 
                     if name.endswith(_IGNORED_SUFFIXES):
                         continue
                     yield name, f.get_tensor(name).to(dtype)
-        except (OSError, RuntimeError) as e:
+        except (OSError, RuntimeError, SafetensorError) as e:
             raise CorruptModelError(f"cannot read safetensors shard {shard}: {e}") from e
 
 

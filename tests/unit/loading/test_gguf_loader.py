@@ -81,6 +81,11 @@ def test_second_load_reads_the_cache_and_bf16_is_the_rounded_fp32(gguf_factory) 
     cache = weight_cache.cache_dir_for(path)
     assert weight_cache.weights_file(cache, torch.float32).is_file()
     second = load_model(path)
+    assert second.arch == first.arch
+    assert second.tokenizer.encode("the cat <|im_end|>") == first.tokenizer.encode(
+        "the cat <|im_end|>"
+    )
+    assert second.tokenizer.eos_token_ids == first.tokenizer.eos_token_ids
     for (n, a), (_, b) in zip(
         first.model.state_dict().items(), second.model.state_dict().items(), strict=True
     ):

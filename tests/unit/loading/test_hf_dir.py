@@ -76,6 +76,13 @@ def test_missing_shard_and_missing_tokenizer_are_clear(tmp_path, gguf_factory) -
         load_model(directory)
 
 
+def test_corrupt_safetensors_shard_is_reported(tmp_path, gguf_factory) -> None:
+    directory, _ = _save_hf_dir(tmp_path, "qwen2", gguf_factory, shard=False)
+    (directory / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CorruptModelError, match="safetensors"):
+        load_model(directory)
+
+
 def test_directory_without_config_and_bin_only(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFoundError, match=r"config\.json"):
