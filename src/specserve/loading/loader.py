@@ -99,6 +99,17 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) 
             logger.info("loading %s from the weight cache %s", name, wfile)
             model = build_model(arch, weights.items(), dtype, device)
             return LoadedModel(model, tokenizer, arch, name, path)
+        fp32_file = weight_cache.weights_file(directory, torch.float32)
+        if fp32_file.is_file():  # another dtype: cast the cached fp32 weights, no dequantising
+            arch = weight_cache.load_arch(directory)
+            check_fits(arch.num_params(), dtype, device, name)
+            tokenizer = Tokenizer.load(directory / "tokenizer")
+            fp32 = weight_cache.load_weights_mmap(fp32_file)
+            state = {k: v.to(dtype) for k, v in fp32.items()}
+            del fp32
+            weight_cache.save_weights(wfile, state)
+            model = build_model(arch, state.items(), dtype, device)
+            return LoadedModel(model, tokenizer, arch, name, path)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
         gguf.check_supported()

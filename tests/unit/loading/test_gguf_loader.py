@@ -140,3 +140,12 @@ def test_too_large_for_memory_is_refused_before_loading(gguf_factory) -> None:
     )
     with pytest.raises(InsufficientMemoryError, match="GiB"):
         load_model(path)
+
+
+def test_fresh_bf16_load_equals_rounded_fp32(gguf_factory) -> None:
+    path_a, _ = gguf_factory("qwen2", Q.Q8_0, seed=4)
+    path_b, _ = gguf_factory("qwen2", Q.Q8_0, seed=4)  # same content, separate cache entry
+    bf16 = load_model(path_a, dtype=torch.bfloat16)  # dequantised straight to bf16
+    fp32 = load_model(path_b, dtype=torch.float32)
+    for n, w in fp32.model.state_dict().items():
+        assert torch.equal(bf16.model.state_dict()[n], w.to(torch.bfloat16)), n
