@@ -47,13 +47,14 @@ def _hf_load(path: Path, dtype: torch.dtype) -> Any:
 
 
 def bench_load(name: str, dtypes: list[str], with_hf: bool) -> list[str]:
+    """First load (fresh weight cache: dequantise + write) and cached load, per dtype."""
     path = fetch(CATALOG[name])
     rows = []
     old = os.environ.get("SPECSERVE_CACHE_DIR")
-    tmp = tempfile.mkdtemp(prefix="specserve-bench-cache-")
-    try:
-        os.environ["SPECSERVE_CACHE_DIR"] = tmp
-        for d in dtypes:
+    for d in dtypes:
+        tmp = tempfile.mkdtemp(prefix="specserve-bench-cache-")
+        try:
+            os.environ["SPECSERVE_CACHE_DIR"] = tmp
             t0 = time.perf_counter()
             lm = load_model(path, dtype=DTYPES[d])
             first = time.perf_counter() - t0
@@ -64,23 +65,23 @@ def bench_load(name: str, dtypes: list[str], with_hf: bool) -> list[str]:
             cached = time.perf_counter() - t0
             del lm
             gc.collect()
-            hf_s = float("nan")
-            if with_hf:
-                t0 = time.perf_counter()
-                hf = _hf_load(path, DTYPES[d])
-                hf_s = time.perf_counter() - t0
-                del hf
-                gc.collect()
-            rows.append(
-                f"| {name} | {d} | {first:.1f} | {cached:.2f} | {hf_s:.1f} | {hf_s / cached:.0f}x |"
-            )
-            print(rows[-1], flush=True)
-    finally:
-        if old is None:
-            os.environ.pop("SPECSERVE_CACHE_DIR", None)
-        else:
-            os.environ["SPECSERVE_CACHE_DIR"] = old
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if old is None:
+                os.environ.pop("SPECSERVE_CACHE_DIR", None)
+            else:
+                os.environ["SPECSERVE_CACHE_DIR"] = old
+            shutil.rmtree(tmp, ignore_errors=True)
+        hf_s = float("nan")
+        if with_hf:
+            t0 = time.perf_counter()
+            hf = _hf_load(path, DTYPES[d])
+            hf_s = time.perf_counter() - t0
+            del hf
+            gc.collect()
+        rows.append(
+            f"| {name} | {d} | {first:.1f} | {cached:.2f} | {hf_s:.1f} | {hf_s / cached:.0f}x |"
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
