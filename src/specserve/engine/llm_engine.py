@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
 
@@ -29,36 +28,18 @@ from specserve.engine.detokenizer import IncrementalDetokenizer, Tokenizer
 from specserve.engine.model_runner import ForwardRow, ModelRunner
 from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSummary, StepStats
 from specserve.engine.request import Request
-from specserve.engine.sampler import make_generator, sample_rows, suppress_tokens
-from specserve.engine.scheduler import KChooser, ScheduledRequest, Scheduler
+from specserve.engine.sampler import make_generator
+from specserve.engine.scheduler import KControl, ScheduledRequest, Scheduler
 from specserve.engine.stats_tracker import StatsTracker
 from specserve.engine.stop import check_new_tokens
+from specserve.engine.token_sampling import sample_new_tokens
 from specserve.kv_cache.kv_manager import KVCacheManager
 from specserve.kv_cache.sizing import num_blocks_for
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec.proposer import Proposal, ProposeInput, Proposer
-from specserve.spec.rejection_sampler import rejection_sample
 
 logger = logging.getLogger(__name__)
-
-
-class KControl(KChooser, Protocol):
-    """What the engine needs from ``spec/k_controller.py``: choose k (load-aware: it sees the
-    batch size), learn acceptance, learn measured step costs, forget finished requests."""
-
-    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
-
-    def record_cost(
-        self,
-        draft_s: float,
-        num_draft_steps: int,
-        verify_s: float,
-        num_verified_tokens: int,
-        batch_size: int = 1,
-    ) -> None: ...
-
-    def release(self, request_id: str) -> None: ...
 
 
 class LLMEngine:
@@ -286,37 +267,13 @@ class LLMEngine:
             self.runner.execute(rows)
             return {}
         logits = self.runner.execute(rows)  # [sum over sampling rows of (k_i + 1), vocab]
-        offset = 0
-        for i in sampling:
-            n = rows[i].num_logit_rows
-            self._mask_min_tokens(scheduled[i].request, logits[offset : offset + n])
-            offset += n
-        reqs = [scheduled[i].request for i in sampling]
-        params = [r.params for r in reqs]
-        gens = [r.generator for r in reqs]
-        if all(len(proposals[i]) == 0 for i in sampling):
-            # k = 0 fast path. The one host sync of the step: .tolist().
-            tokens = sample_rows(logits, params, gens).tolist()
-            return {i: [t] for i, t in zip(sampling, tokens, strict=True)}
-        # The rejection sampler reads its results back to the host once (its host sync).
-        accepted = rejection_sample(
-            [proposals[i].draft_token_ids for i in sampling],
-            [proposals[i].draft_probs for i in sampling],
+        accepted = sample_new_tokens(
             logits,
-            params,
-            gens,
+            [scheduled[i].request for i in sampling],
+            [proposals[i] for i in sampling],
+            self.eos_token_ids,
         )
         return dict(zip(sampling, accepted, strict=True))
-
-    def _mask_min_tokens(self, req: Request, logits: torch.Tensor) -> None:
-        """Suppress EOS/stop ids on rows whose token would be generated before min_tokens.
-        Row j of ``logits # [k + 1, V]`` scores output token number ``num_output + j``."""
-        p = req.params
-        num_masked = min(p.min_tokens - req.num_output_tokens, logits.shape[0])
-        if num_masked <= 0:
-            return
-        ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
-        suppress_tokens(logits[:num_masked], sorted(ids))
 
     def _commit(
         self,

@@ -33,6 +33,24 @@ class KChooser(Protocol):
     def choose_k(self, request_id: str, batch_size: int) -> int: ...
 
 
+class KControl(KChooser, Protocol):
+    """What the engine needs from ``spec/k_controller.py``: choose k (load-aware: it sees the
+    batch size), learn acceptance, learn measured step costs, forget finished requests."""
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
+
+    def record_cost(
+        self,
+        draft_s: float,
+        num_draft_steps: int,
+        verify_s: float,
+        num_verified_tokens: int,
+        batch_size: int = 1,
+    ) -> None: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
 @dataclass
 class ScheduledRequest:
     """One request's share of a step.
