@@ -42,6 +42,7 @@ class ArmResult:
     num_tokens: int
     outputs: dict[str, list[int]]
     mean_acceptance_length: float | None = None
+    mean_k: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,7 +85,9 @@ def run_engine(  # type: ignore[no-untyped-def]
     )
     stats = engine.stats()
     mal = stats.spec.mean_acceptance_length if spec.enabled else None
-    return ArmResult(name, wall, sum(map(len, outs.values())), outs, mal)
+    counts = stats.k_chosen_counts
+    mean_k = sum(k * n for k, n in counts.items()) / sum(counts.values()) if counts else None
+    return ArmResult(name, wall, sum(map(len, outs.values())), outs, mal, mean_k)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,8 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for a in arms:
         match = sum(a.outputs[r] == base.outputs[r] for r in prompts) / len(prompts)
         tau = f"{a.mean_acceptance_length:.2f}" if a.mean_acceptance_length else "-"
+        mean_k = f"{a.mean_k:.2f}" if a.mean_k is not None else "-"
         print(f"{a.name:32} {a.wall_s:8.2f} {a.num_tokens:7d} {a.tokens_per_s:8.2f} "
-              f"{a.tokens_per_s / base.tokens_per_s:6.2f}x {match:6.2f} {tau:>5}")  # fmt: skip
+              f"{a.tokens_per_s / base.tokens_per_s:6.2f}x {match:6.2f} {tau:>5} {mean_k:>6}")  # fmt: skip
     return 0
 
 
