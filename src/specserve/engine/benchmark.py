@@ -131,8 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         match = sum(a.outputs[r] == base.outputs[r] for r in prompts) / len(prompts)
         tau = f"{a.mean_acceptance_length:.2f}" if a.mean_acceptance_length else "-"
         mean_k = f"{a.mean_k:.2f}" if a.mean_k is not None else "-"
+        ratio = a.tokens_per_s / base.tokens_per_s
         print(f"{a.name:32} {a.wall_s:8.2f} {a.num_tokens:7d} {a.tokens_per_s:8.2f} "
-              f"{a.tokens_per_s / base.tokens_per_s:6.2f}x {match:6.2f} {tau:>5} {mean_k:>6}")  # fmt: skip
+              f"{ratio:6.2f}x {match:6.2f} {tau:>5} {mean_k:>6}")  # fmt: skip
     return 0
 
 
