@@ -100,3 +100,19 @@ def test_stop_token_ids_and_min_tokens_masking() -> None:
     toks = tokens_of(run_staggered(engine, {"m": prompt}, p, {"m": 0})["m"])
     assert len(toks) == 8 and ref.token_ids[0] not in toks
     engine.kv.check_invariants()
+
+
+def test_prefix_cache_hits_give_identical_output() -> None:
+    model = make_tiny_model("qwen3")
+    engine = LLMEngine(model, cache=CacheConfig(block_size=4, num_blocks=64))
+    shared = [(5 * i + 3) % 90 for i in range(21)]
+    prompts = {"a": shared, "b": [*shared[:17], 7, 8], "c": shared}
+    params = {rid: SamplingParams(max_tokens=6) for rid in prompts}
+    outs = run_staggered(engine, prompts, params, {"a": 0, "b": 3, "c": 12})
+    stats = engine.stats()
+    # b reuses a's first 4 full blocks; c all 5 of a's (it must recompute only the last token).
+    assert stats.prefix_cache_hits == 4 + 5
+    for rid, prompt in prompts.items():
+        ref = generate_plain(model, prompt, params[rid], model.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid
+    engine.kv.check_invariants()
