@@ -13,6 +13,8 @@ and the client's own queueing, so it is an upper bound of the error the client a
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import socket
 import subprocess
 import sys
@@ -93,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             warmup_requests=a.concurrency,
             metrics_url="none",
         )
+        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         result = run_benchmark(spec)
+        cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     finally:
         mock.terminate()
         mock.wait(10)
@@ -118,6 +122,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{np.percentile(err, 90):.3f}  p99 {np.percentile(err, 99):.3f}  max {err.max():.3f}"
         )
     print(f"per-token ITL (ms)     p50 {1000 * (itl.p50 or 0):.2f} vs configured {a.itl_ms:.2f}")
+    cpu_s = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
+    print(
+        f"client CPU             {cpu_s:.1f} s over {wall1 - wall0:.1f} s wall = "
+        f"{100 * cpu_s / (wall1 - wall0):.0f} % of one core (incl. warm-up and analysis)"
+    )
+    load1, _, _ = os.getloadavg()
+    print(f"machine load average   {load1:.2f} (1 min) on {os.cpu_count()} CPUs")
     return 0
 
 
