@@ -5,8 +5,8 @@ speedup: ratio of medians, oriented so > 1 means the candidate is better — bas
 CI: seeded percentile bootstrap (95 %) of that ratio, resampling *requests* within each arm
     (token-level ITL values of one request move together, since they are not independent).
 regression: the CI lies entirely below 1 and the speedup is below ``1 − min_effect``
-    (default 3 %: smaller slow-downs are noise on shared machines), or the candidate's
-    error rate is higher.
+    (default 3 %: smaller slow-downs are noise on shared machines) with at least 5 requests
+    per arm, or the candidate's error rate is higher.
 Pairs: requests with the same request id and prompt id in both arms; over pairs that
     both succeeded, length parity = Σ n_candidate / Σ n_baseline, length match = share with
     equal n, exact match = share with identical output text.
@@ -22,6 +22,8 @@ from pydantic import BaseModel, Field
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import ALL, BenchResult
 from specserve.bench.scrape import Acceptance
+
+MIN_REQUESTS_FOR_FLAG = 5  # a bootstrap over fewer requests per arm is too coarse to flag
 
 # metric -> (values of one request, higher is better)
 METRICS: dict[str, tuple[Callable[[RequestRecord], list[float]], bool]] = {
@@ -161,7 +163,12 @@ def compare_category(
                 ci_high=high,
                 n_baseline=len(flat_b),
                 n_candidate=len(flat_c),
-                regression=high is not None and high < 1.0 and (speedup or 1.0) < 1.0 - min_effect,
+                regression=(
+                    high is not None
+                    and high < 1.0
+                    and (speedup or 1.0) < 1.0 - min_effect
+                    and min(len(bv), len(cv)) >= MIN_REQUESTS_FOR_FLAG
+                ),
             )
         )
     by_id = {r.request_id: r for r in b_ok}
