@@ -174,6 +174,14 @@ def test_errors_are_recorded_and_counted(knobs: dict, error: str) -> None:
         assert all(r.status == 500 for r in recs)
 
 
+def test_extra_body_is_sent() -> None:
+    with serve_in_thread(MockConfig(ttft_ms=1, itl_ms=1, output_tokens=20)) as server:
+        result = run_benchmark(
+            spec(f"http://127.0.0.1:{server.port}", num_requests=2, extra_body={"max_tokens": 3})
+        )
+    assert all(r.num_tokens == 3 and r.max_tokens == 3 for r in result.measured())
+
+
 def test_partial_error_rate_is_seeded() -> None:
     with serve_in_thread(
         MockConfig(ttft_ms=1, itl_ms=1, output_tokens=4, error_rate=0.5, seed=1)

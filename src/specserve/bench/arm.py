@@ -82,7 +82,8 @@ class Arm:
             send_ns=scheduled_ns,
         )
         body = request_body(prompt, self.spec.model, self.spec.endpoint, self.spec.sampling)
-        record.max_tokens = body["max_tokens"]
+        body |= self.spec.extra_body
+        record.max_tokens = body.get("max_tokens")
         return record, body
 
     def _now(self) -> int:

@@ -11,7 +11,7 @@ Terms:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -118,6 +118,11 @@ class BenchSpec(BaseModel):
     )
     warmup_requests: int = Field(
         default=0, ge=0, description="Warm-up requests, excluded from results."
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra JSON fields merged into every request body (server-specific knobs, "
+        "e.g. num_speculative_tokens); they override the fields the client sets.",
     )
     metrics_url: str | None = Field(
         default=None, description="Prometheus endpoint; default <root>/metrics; 'none' disables."
