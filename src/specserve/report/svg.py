@@ -45,7 +45,9 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 def _fmt(v: float) -> str:
     if v == 0:
         return "0"
-    if abs(v) >= 1000 or abs(v) < 0.01:
+    if 1000 <= abs(v) < 1e6:
+        return f"{v:.0f}"
+    if abs(v) >= 1e6 or abs(v) < 0.01:
         return f"{v:.2g}"
     return f"{v:.3g}"
 
@@ -197,7 +199,7 @@ def bar_chart(
         x = LEFT + g * width + width / 2
         f.parts.append(
             f'<text x="{x:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle">'
-            f"{escape(name[:16])}</text>"
+            f"{escape(name[: max(3, int(width / 6))])}</text>"
         )
     for i, (label, s) in enumerate(bars.items()):
         color = PALETTE[i % len(PALETTE)]
