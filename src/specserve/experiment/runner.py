@@ -67,8 +67,12 @@ def prefetch_models(servers: ServersSpec) -> None:
 @contextmanager
 def started_servers(
     servers: ServersSpec, out: Path, on_status: Callable[[str], None]
-) -> Iterator[dict[str, Endpoint]]:
-    """Start both arms' servers, wait for readiness, stop them (SIGTERM, then kill) on exit."""
+) -> Iterator[tuple[dict[str, Endpoint], Callable[[], None]]]:
+    """Start both arms' servers, wait for readiness, stop them (SIGTERM, then kill) on exit.
+
+    Yields the endpoints and a check that raises :class:`ServerDiedError` if either server
+    has exited since (called after every run, so a dead server stops the experiment).
+    """
     ports = {"baseline": servers.baseline_port, "speculative": servers.speculative_port}
     with ExitStack() as stack:
         procs = {}
@@ -90,11 +94,12 @@ def started_servers(
             arm: Endpoint(base_url=p.base_url, model=served_model(p.base_url))
             for arm, p in procs.items()
         }
-        try:
-            yield endpoints
-        finally:
+
+        def check_alive() -> None:
             for proc in procs.values():
-                proc.check_alive()  # a server that died mid-run is reported, not hidden
+                proc.check_alive()
+
+        yield endpoints, check_alive
 
 
 def served_model(base_url: str) -> str:
@@ -140,34 +145,44 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     outcome = ExperimentOutcome(out)
-    with ExitStack() as stack:
-        if cfg.servers is not None:
-            on_status("fetching models (cached after the first run)")
-            prefetch_models(cfg.servers)
-            endpoints = stack.enter_context(started_servers(cfg.servers, out, on_status))
-        else:
-            assert cfg.endpoints is not None
-            endpoints = {
-                "baseline": cfg.endpoints.baseline,
-                "speculative": cfg.endpoints.speculative,
-            }
-        for concurrency in cfg.benchmark.concurrency:
-            for suite in cfg.benchmark.suites:
-                key = (concurrency, suite)
-                on_status(f"benchmarking suite {suite!r} at concurrency {concurrency}")
-                results = run_ab(
-                    bench_specs(cfg, endpoints, concurrency, suite),
-                    batch_size=cfg.benchmark.batch_size,
+    try:
+        with ExitStack() as stack:
+            if cfg.servers is not None:
+                on_status("fetching models (cached after the first run)")
+                prefetch_models(cfg.servers)
+                endpoints, check_alive = stack.enter_context(
+                    started_servers(cfg.servers, out, on_status)
                 )
-                run_dir = out / "runs" / f"c{concurrency}" / Path(suite).stem
-                for r in results:
-                    save_result(r, run_dir / r.label)
-                outcome.runs[key] = results
-                comparison = compare(results, baseline="baseline")
-                outcome.comparisons[key] = comparison
-                (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
-                write_report(results, comparison, run_dir)
-    write_summary(outcome)
+            else:
+                assert cfg.endpoints is not None
+                endpoints = {
+                    "baseline": cfg.endpoints.baseline,
+                    "speculative": cfg.endpoints.speculative,
+                }
+
+                def check_alive() -> None:
+                    pass  # services we did not start are not ours to watch
+
+            for concurrency in cfg.benchmark.concurrency:
+                for suite in cfg.benchmark.suites:
+                    key = (concurrency, suite)
+                    on_status(f"benchmarking suite {suite!r} at concurrency {concurrency}")
+                    results = run_ab(
+                        bench_specs(cfg, endpoints, concurrency, suite),
+                        batch_size=cfg.benchmark.batch_size,
+                    )
+                    run_dir = out / "runs" / f"c{concurrency}" / Path(suite).stem
+                    for r in results:
+                        save_result(r, run_dir / r.label)
+                    outcome.runs[key] = results
+                    comparison = compare(results, baseline="baseline")
+                    outcome.comparisons[key] = comparison
+                    (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
+                    write_report(results, comparison, run_dir)
+                    check_alive()  # a server that died during this run ends the experiment
+    finally:
+        if outcome.comparisons:  # keep the summary of every run that finished
+            write_summary(outcome)
     return outcome
 
 
