@@ -124,9 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"model={args.model} dtype={args.dtype} requests={args.num_requests} "
           f"max_tokens={args.max_tokens} max_num_seqs={args.max_num_seqs} "
           f"threads={torch.get_num_threads()}")  # fmt: skip
-    print(
-        f"{'arm':32} {'wall_s':>8} {'tokens':>7} {'tok/s':>8} {'vs seq':>7} {'match':>6} {'tau':>5}"
-    )
+    print(f"{'arm':32} {'wall_s':>8} {'tokens':>7} {'tok/s':>8} {'vs seq':>7} {'match':>6} "
+          f"{'tau':>5} {'mean k':>6}")  # fmt: skip
     for a in arms:
         match = sum(a.outputs[r] == base.outputs[r] for r in prompts) / len(prompts)
         tau = f"{a.mean_acceptance_length:.2f}" if a.mean_acceptance_length else "-"
