@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             proposer = make_proposer(
                 spec.method, target.arch.vocab_size, draft, max_len, spec.ngram_min, spec.ngram_max
             )
-    except (ValueError, OSError, RuntimeError) as e:
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
