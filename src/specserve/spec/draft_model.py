@@ -124,6 +124,16 @@ class DraftModelProposer:
         return lane
 
     @torch.inference_mode()
+    def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
+        """Optionally run the prompt through the draft ahead of the first propose (e.g. while
+        the target prefills), so the first decode step only catches up one token."""
+        if not prompt_ids or len(prompt_ids) > self.max_model_len:
+            return
+        lane = self._lane(request_id)
+        del lane.tokens[:]
+        self._forward({0: lane}, {0: list(prompt_ids)})
+
+    @torch.inference_mode()
     def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]:
         drafts: list[list[int]] = [[] for _ in batch]
         probs: list[list[torch.Tensor]] = [[] for _ in batch]

@@ -110,6 +110,9 @@ def generate_speculative(
     t0 = time.perf_counter()
     hidden = cache.forward(prompt_ids)  # [P, hidden]
     new_tokens = [next_token(target.compute_logits(hidden[-1]), params, gen)]
+    prefill = getattr(proposer, "prefill", None)  # optional: a draft model's own prefill
+    if prefill is not None and k != 0:
+        prefill(request_id, prompt_ids)  # counted in prefill time, like TTFT in a server
     t1 = time.perf_counter()
     try:
         while True:

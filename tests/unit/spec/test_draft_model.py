@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from tests.conftest import make_tiny_model
 
 from specserve.sampling_params import SamplingParams
 from specserve.spec.draft_model import (
@@ -16,6 +15,7 @@ from specserve.spec.draft_model import (
     check_vocab_compatible,
 )
 from specserve.spec.proposer import ProposeInput
+from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams()
 
@@ -144,3 +144,13 @@ def test_identical_draft_model_proposes_the_targets_greedy_tokens() -> None:
     proposer = DraftModelProposer(copy.deepcopy(target), 97)
     draft = proposer.propose([inp("r", [*prompt, plain.token_ids[0]], 8)])[0]
     assert draft.draft_token_ids == plain.token_ids[1:9]
+
+
+def test_prefill_then_propose_equals_propose() -> None:
+    proposer = DraftModelProposer(make_tiny_model("qwen2", seed=7), 97, max_model_len=64)
+    prompt = [4, 8, 15, 16, 23, 42]
+    proposer.prefill("r", prompt)
+    assert proposer._lanes["r"].tokens == prompt
+    draft = proposer.propose([inp("r", [*prompt, 7], 4)])[0].draft_token_ids
+    assert draft == fresh_draft(proposer, [*prompt, 7], 4)
+    assert proposer._lanes["r"].tokens == [*prompt, 7, *draft[:-1]]

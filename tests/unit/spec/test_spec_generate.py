@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from tests.conftest import make_tiny_model
 
 from specserve.engine.generate import generate_plain
 from specserve.kv_cache.single_sequence import SingleSequenceCache
@@ -21,6 +20,7 @@ from specserve.spec.k_controller import KController
 from specserve.spec.ngram import NgramProposer
 from specserve.spec.proposer import Proposal, ProposeInput, Proposer
 from specserve.spec.suffix import SuffixProposer
+from tests.conftest import make_tiny_model
 
 EOS = (96,)
 
