@@ -78,6 +78,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--threads", type=int, default=None, help="torch/llama.cpp threads")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoders")
     p.add_argument(
+        "--profile",
+        action="store_true",
+        help="only profile one decode step of the target per format (eager, RoPE tables, "
+        "compiled) and exit",
+    )
+    p.add_argument(
         "--context-bucket",
         type=int,
         default=128,
@@ -115,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile, invariant_context_bucket=args.context_bucket or None
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    if args.profile:
+        from specserve.commands.perf_profile import profile_decode
+
+        for fmt in formats:
+            lm = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
+            profile_decode(lm.model, f"{args.target} {fmt}")
+            del lm
+        return 0
     bw = measure_bandwidth_gbs()
     print(f"memory read bandwidth: {bw:.1f} GB/s (1 GiB fp32 sum, best of 5); threads {threads}")
 
