@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import make_tiny_model
 
 from specserve.engine.generate import generate_plain
 from specserve.models.fast_path import (
@@ -17,6 +16,7 @@ from specserve.models.fast_path import (
 from specserve.models.fused_step import generate_fused_greedy
 from specserve.models.quantize import quantize_model
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 PROMPT = [3, 14, 15, 92, 65, 35]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import make_tiny_model
 from torch import nn
 
 from specserve.engine.generate import generate_plain
@@ -23,6 +22,7 @@ from specserve.models.quantize import (
     weight_bytes,
 )
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
