@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
         for fmt in formats:
             lm = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
-            profile_decode(lm.model, f"{args.target} {fmt}")
+            profile_decode(lm.model, f"{args.target} {fmt}", compile=args.compile)
             del lm
         return 0
     bw = measure_bandwidth_gbs()

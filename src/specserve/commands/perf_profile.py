@@ -18,9 +18,11 @@ def _decode_step(model: DecoderLM, context: int) -> tuple[SingleSequenceCache, l
     return cache, [42]
 
 
-def profile_decode(model: DecoderLM, label: str, context: int = 128, steps: int = 5) -> None:
+def profile_decode(
+    model: DecoderLM, label: str, context: int = 128, steps: int = 5, compile: bool = False
+) -> None:
     """Print the step time and top ops of a batch-1 decode step at ``context`` tokens, eager,
-    then with RoPE tables, then compiled (the model is modified in place)."""
+    then with RoPE tables, then (``compile``) compiled; the model is modified in place."""
     cache, tok = _decode_step(model, context)
 
     def step() -> None:
@@ -32,7 +34,7 @@ def profile_decode(model: DecoderLM, label: str, context: int = 128, steps: int 
         ("eager", None),
         ("rope tables", FastPathOptions(rope_tables=True)),
         ("compiled", FastPathOptions(rope_tables=True, compile=True)),
-    ]
+    ][: 3 if compile else 2]
     for name, options in stages:
         compile_s = 0.0
         if options is not None:
