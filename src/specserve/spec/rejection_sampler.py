@@ -45,14 +45,14 @@ def _target_probs(
     target_logits: torch.Tensor, rows: list[list[int]], params: list[SamplingParams]
 ) -> dict[int, torch.Tensor]:
     """Processed target probabilities ``# [k_i + 1, vocab]`` for each sampled request,
-    applying logits_to_probs once per distinct SamplingParams."""
-    groups: dict[SamplingParams, list[int]] = defaultdict(list)
+    applying logits_to_probs once per distinct (temperature, top_k, top_p)."""
+    groups: dict[tuple[float, int, float], list[int]] = defaultdict(list)
     for i in range(len(rows)):
-        groups[params[i]].append(i)
+        groups[(params[i].temperature, params[i].top_k, params[i].top_p)].append(i)
     out: dict[int, torch.Tensor] = {}
-    for p, members in groups.items():
+    for members in groups.values():
         idx = [r for i in members for r in rows[i]]
-        probs = logits_to_probs(target_logits[idx], p)  # [sum(k_i + 1), vocab]
+        probs = logits_to_probs(target_logits[idx], params[members[0]])  # [sum(k_i + 1), V]
         offset = 0
         for i in members:
             n = len(rows[i])
