@@ -71,6 +71,7 @@ def decode_bytes_per_token(model: DecoderLM) -> int:
     total = 0
     embed = model.model.embed_tokens
     skip = {t.data_ptr() for t in [*embed.parameters(), *embed.buffers()]}
+    skip |= {t.data_ptr() for t in model.rotary.buffers()}  # RoPE tables: one row per token
     head = model.lm_head
     head_ptrs = {t.data_ptr() for t in [*head.parameters(), *head.buffers()]}
     for t in [*model.parameters(), *model.buffers()]:
