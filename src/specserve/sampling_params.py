@@ -24,6 +24,9 @@ class SamplingParams:
         stop_token_ids: extra token ids that end generation (returned like EOS is not).
         ignore_eos: keep generating past EOS (benchmarks that need fixed output lengths).
         seed: per-request seed; the same seed gives the same samples whatever the batch.
+        num_speculative_tokens: fixed draft length k for this request (0 = no speculation),
+            overriding the server's controller; at most the server's k_max. None: the
+            server decides (a specserve extension, used by ``specserve tune``).
     """
 
     temperature: float = 0.0
@@ -35,6 +38,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     seed: int | None = None
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0):
@@ -58,6 +62,9 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        k = self.num_speculative_tokens
+        if k is not None and not 0 <= k <= 32:
+            raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")
 
     @property
     def greedy(self) -> bool:

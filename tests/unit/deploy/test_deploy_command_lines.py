@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_helpers import REFERENCE_CONFIGS, REPO, all_containers, kustomize_build
+from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, REPO, all_containers, kustomize_build
 
 from specserve.cli import build_parser
 from specserve.commands.bench import build_specs

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from deploy_helpers import REPO
+from tests.unit.deploy.deploy_helpers import REPO
 
 from specserve.deploy.dashboard import build_dashboard
 from specserve.deploy.render import dashboard_json

@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from deploy_helpers import REPO
+from tests.unit.deploy.deploy_helpers import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 

@@ -16,7 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_helpers import REFERENCE_CONFIGS, kustomize_build, make_config
+from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, kustomize_build, make_config
 
 from specserve.deploy.config import load_deploy_config
 from specserve.deploy.render import render
