@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     bw = measure_bandwidth_gbs()
     print(f"memory read bandwidth: {bw:.1f} GB/s (1 GiB fp32 sum, best of 5); threads {threads}")
 
-    results: list[ArmResult] = []
+    results = _ProgressList()
     plain_by_fmt: dict[str, ArmResult] = {}
     prompts: list[list[int]] = []
     eos: tuple[int, ...] = ()
@@ -222,6 +222,21 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+class _ProgressList(list[ArmResult]):
+    """The result rows; each row is also printed to stderr as soon as it is measured, so a
+    run cut short still leaves its numbers."""
+
+    def append(self, arm: ArmResult) -> None:
+        super().append(arm)
+        speeds = ", ".join(f"{arm.tok_per_s(i):.2f}" for i in range(len(arm.token_ids)))
+        print(f"measured {arm.name}: tok/s {speeds} {arm.error or ''}", file=sys.stderr, flush=True)
+
+    def __iadd__(self, arms):  # type: ignore[no-untyped-def,override,misc]
+        for arm in arms:
+            self.append(arm)
+        return self
 
 
 def _transformers_arms(hf_pair, prompts, max_tokens, eos) -> list[ArmResult]:  # type: ignore[no-untyped-def]
