@@ -101,11 +101,23 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     from specserve.loading import load_model
 
     dtype = DTYPES[config.model.dtype]
-    target = load_model(config.model.model, dtype=dtype, device=config.model.device)
+
+    def load(spec: str):  # type: ignore[no-untyped-def]  # -> LoadedModel
+        weights = config.model.weights
+        if weights is None:
+            return load_model(spec, dtype=dtype, device=config.model.device)
+        # Weight formats (models/quant_cache.py): fp32/bf16 fix the dtype; int8/int4 are
+        # weight-only and keep ModelConfig.dtype for activations (bf16 is the fast choice).
+        from specserve.models.quant_cache import load_model_with_weights
+
+        act = None if weights in ("fp32", "bf16") else dtype
+        return load_model_with_weights(spec, weights, dtype=act, device=config.model.device)
+
+    target = load(config.model.model)
     draft = None
     if config.spec.method == "draft" and config.spec.enabled:
         assert config.spec.draft_model is not None
-        draft_lm = load_model(config.spec.draft_model, dtype=dtype, device=config.model.device)
+        draft_lm = load(config.spec.draft_model)
         from specserve.spec.draft_model import check_vocab_compatible
 
         check_vocab_compatible(
