@@ -129,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
             profile_decode(lm.model, f"{args.target} {fmt}", compile=args.compile)
             del lm
         return 0
-    bw = measure_bandwidth_gbs()
-    print(f"memory read bandwidth: {bw:.1f} GB/s (1 GiB fp32 sum, best of 5); threads {threads}")
 
     results = _ProgressList()
     plain_by_fmt: dict[str, ArmResult] = {}
@@ -207,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
         del target, draft, tm, dm
     if "transformers" in arms_wanted and hf_pair is None:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
+    # After the models: the 1 GiB buffer must not count in the peak RSS printed above.
+    bw = measure_bandwidth_gbs()
+    print(f"memory read bandwidth: {bw:.1f} GB/s (1 GiB fp32 sum, best of 5); threads {threads}")
     if "llamacpp" in arms_wanted:
         gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
         results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
