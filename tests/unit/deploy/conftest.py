@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_helpers import kustomize_build, make_config
 
 from specserve.deploy.render import render
+from tests.unit.deploy.deploy_helpers import kustomize_build, make_config
 
 
 @pytest.fixture(scope="session")

@@ -11,13 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, REPO, all_containers, kustomize_build
 
 from specserve.cli import build_parser
 from specserve.commands.bench import build_specs
 from specserve.commands.serve import engine_config_from_args
 from specserve.deploy.config import load_deploy_config
 from specserve.deploy.render import render
+from tests.unit.deploy.deploy_helpers import (
+    REFERENCE_CONFIGS,
+    REPO,
+    all_containers,
+    kustomize_build,
+)
 
 
 def parse(argv: list[str]) -> Any:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, config_dict, make_config
 from pydantic import ValidationError
 
 from specserve.deploy.config import DeployConfig, DeployConfigError, load_deploy_config
+from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, config_dict, make_config
 
 
 def _fails(match: str, **overrides: Any) -> None:

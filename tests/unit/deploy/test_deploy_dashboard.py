@@ -7,10 +7,10 @@ import re
 from typing import Any
 
 import pytest
-from tests.unit.deploy.deploy_helpers import REPO
 
 from specserve.deploy.dashboard import build_dashboard
 from specserve.deploy.render import dashboard_json
+from tests.unit.deploy.deploy_helpers import REPO
 
 # The server's Prometheus metric contract (kind per name; exposition adds _total to counters).
 CONTRACT: dict[str, str] = {

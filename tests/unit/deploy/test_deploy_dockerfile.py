@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from tests.unit.deploy.deploy_helpers import REPO
 
 DOCKERFILE = REPO / "Dockerfile"

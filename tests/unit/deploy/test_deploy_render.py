@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_helpers import all_containers, find, make_config
 
 from specserve.deploy.render import RenderError, render, render_files
+from tests.unit.deploy.deploy_helpers import all_containers, find, make_config
 
 
 def _load(path: Path) -> list[dict[str, Any]]:

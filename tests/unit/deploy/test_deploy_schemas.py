@@ -16,10 +16,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, kustomize_build, make_config
 
 from specserve.deploy.config import load_deploy_config
 from specserve.deploy.render import render
+from tests.unit.deploy.deploy_helpers import REFERENCE_CONFIGS, kustomize_build, make_config
 
 K8S_VERSION = "1.37.0"
 SERVICE_MONITOR_SCHEMA = json.loads(
