@@ -116,6 +116,13 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer, and this engine has none")
+        k = params.num_speculative_tokens
+        if k is not None and k > self.scheduler.max_lookahead:
+            raise ValueError(
+                f"num_speculative_tokens={k} exceeds this server's k_max of "
+                f"{self.scheduler.max_lookahead}"
+                + (" (speculation is off)" if self.scheduler.max_lookahead == 0 else "")
+            )
         return min(params.max_tokens, self.max_model_len - n)
 
     def add_request(

@@ -154,7 +154,9 @@ class Scheduler:
     def _choose_k(self, req: Request, batch_size: int, budget: int) -> int:
         if self.k_chooser is None or self.max_lookahead == 0:
             return 0
-        k = self.k_chooser.choose_k(req.request_id, batch_size)
+        k = req.params.num_speculative_tokens  # a request's own fixed k (``specserve tune``)
+        if k is None:
+            k = self.k_chooser.choose_k(req.request_id, batch_size)
         # The step commits at most k + 1 tokens: never draft past the output cap.
         return max(0, min(k, self.max_lookahead, req.num_output_tokens_left - 1, budget - 1))
 

@@ -98,6 +98,13 @@ class SamplingFields(OpenAIModel):
     seed: int | None = Field(
         None, ge=-(2**63), lt=2**63, description="Per-request seed for reproducible sampling."
     )
+    num_speculative_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=32,
+        description="specserve extension: fixed draft length k for this request (0: none), "
+        "at most the server's k_max; default: the server's setting.",
+    )
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

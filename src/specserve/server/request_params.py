@@ -93,6 +93,7 @@ def build_sampling_params(
             stop_token_ids=stop_ids,
             ignore_eos=body.ignore_eos,
             seed=body.seed,
+            num_speculative_tokens=body.num_speculative_tokens,
         )
     except ValueError as exc:  # defence in depth: the pydantic model should catch these
         raise BadRequestError(str(exc)) from exc

@@ -101,3 +101,22 @@ async def test_stream_chunks_can_carry_several_tokens() -> None:
         metrics = (await client.get("/metrics")).text
         assert "vllm:spec_decode_num_drafts_total" in metrics
         assert 'specserve:spec_k_chosen_count{model_name="tiny"}' in metrics
+
+
+async def test_request_num_speculative_tokens_override_and_bound() -> None:
+    spec = SpecConfig(method="ngram", num_speculative_tokens=3, ngram_min=1, ngram_max=3)
+    body = {"model": MODEL, "prompt": "aaaaaaaaaaaa", "max_tokens": 12, "temperature": 0}
+    async with serve(engine(spec)) as client:
+        off = await client.post("/v1/completions", json={**body, "num_speculative_tokens": 0})
+        assert off.status_code == 200, off.text
+        assert off.json()["spec_decode"]["num_drafts"] == 0
+        on = await client.post("/v1/completions", json={**body, "num_speculative_tokens": 2})
+        assert on.status_code == 200, on.text
+        assert on.json()["choices"][0]["text"] == off.json()["choices"][0]["text"]
+        info = on.json()["spec_decode"]
+        assert 0 < info["num_draft_tokens"] <= 2 * info["num_drafts"]
+        too_big = await client.post("/v1/completions", json={**body, "num_speculative_tokens": 4})
+        assert too_big.status_code == 400
+        assert "k_max of 3" in too_big.json()["error"]["message"]
+        negative = await client.post("/v1/completions", json={**body, "num_speculative_tokens": -1})
+        assert negative.status_code == 400
