@@ -101,6 +101,7 @@ class SpecConfig:
         k_max: upper bound for the adaptive controller.
         ngram_min: shortest n-gram the prompt-lookup proposer matches.
         ngram_max: longest n-gram the prompt-lookup proposer matches.
+        draft_num_layers: keep only the draft's first N layers (a cheaper, weaker draft).
     """
 
     method: SpecMethod = "none"
@@ -109,6 +110,7 @@ class SpecConfig:
     k_max: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
+    draft_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("none", "draft", "ngram", "suffix"):
@@ -117,6 +119,12 @@ class SpecConfig:
             raise ValueError("speculative method 'draft' needs draft_model")
         if self.method != "draft" and self.draft_model:
             raise ValueError(f"draft_model given but method is {self.method!r}")
+        if self.draft_num_layers is not None and (
+            self.method != "draft" or self.draft_num_layers < 1
+        ):
+            raise ValueError(
+                f"draft_num_layers={self.draft_num_layers} needs method 'draft' and must be >= 1"
+            )
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= 32):
             raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")

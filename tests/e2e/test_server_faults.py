@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.e2e.test_server_openai import MODEL, wait_idle
 
 from specserve.server.launcher import ServerProcess
+from tests.e2e.test_server_openai import MODEL, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.conftest import make_tiny_model
 
 from specserve.config import CacheConfig, SchedulerConfig
 from specserve.engine.async_engine import AsyncEngine, EngineShutdownError
@@ -14,6 +13,7 @@ from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.request import QueueFullError
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
 
 
 def make_engine(**sched: int) -> AsyncEngine:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from tests.conftest import make_tiny_model
 
 from specserve.config import CacheConfig, SchedulerConfig
 from specserve.engine.generate import generate_plain
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
 
 
 def run_staggered(

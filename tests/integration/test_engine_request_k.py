@@ -5,12 +5,12 @@ the server's k_max or when speculation is off."""
 from __future__ import annotations
 
 import pytest
-from tests.conftest import make_tiny_model
-from tests.integration.test_engine_plain import run_staggered, tokens_of
-from tests.integration.test_engine_spec import VOCAB, make_engine, prompts_and_params
 
 from specserve.engine.generate import generate_plain
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
+from tests.integration.test_engine_plain import run_staggered, tokens_of
+from tests.integration.test_engine_spec import VOCAB, make_engine, prompts_and_params
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 5])

@@ -7,8 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from tests.conftest import make_tiny_model
-from tests.integration.test_engine_plain import run_staggered, tokens_of
 
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.builder import build_engine_from_models
@@ -16,6 +14,8 @@ from specserve.engine.generate import generate_plain
 from specserve.engine.llm_engine import LLMEngine
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
+from tests.conftest import make_tiny_model
+from tests.integration.test_engine_plain import run_staggered, tokens_of
 
 VOCAB = 13  # a small vocabulary makes n-gram / suffix matches (and acceptances) common
 

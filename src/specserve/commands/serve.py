@@ -92,6 +92,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--weights",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="weight format (int8/int4: weight-only, quantised once and cached); default: dtype",
+    )
+    p.add_argument(
+        "--draft-num-layers",
+        type=int,
+        help="keep only the draft's first N layers (a cheaper, weaker draft)",
+    )
     p.add_argument("--served-model-name", help="name clients use in 'model' (default --model)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
@@ -106,6 +116,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             dtype=args.dtype,
             device=args.device,
             max_model_len=args.max_model_len,
+            weights=args.weights,
         ),
         cache=CacheConfig(block_size=args.block_size, memory_bytes=args.kv_cache_memory),
         scheduler=SchedulerConfig(
@@ -118,6 +129,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             draft_model=args.draft_model,
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=args.k_max,
+            draft_num_layers=args.draft_num_layers,
         ),
         seed=args.seed,
     )

@@ -127,5 +127,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
             draft_lm.tokenizer,
         )
         draft = draft_lm.model
+        if config.spec.draft_num_layers is not None:
+            from specserve.models.layer_drop import keep_first_layers
+
+            draft = keep_first_layers(draft, config.spec.draft_num_layers)
     logger.info("loaded %s (%s, %s)", config.model.model, config.model.dtype, config.model.device)
     return build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)

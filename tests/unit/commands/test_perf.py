@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import torch
-from tests.conftest import make_tiny_model
 
 from specserve.cli import build_parser
 from specserve.commands.perf_arms import ArmResult, decode_bytes_per_token, run_llamacpp
@@ -17,6 +16,7 @@ from specserve.commands.perf_report import (
     quality_vs,
 )
 from specserve.models.quantize import quantize_model
+from tests.conftest import make_tiny_model
 
 
 def test_missing_llama_cpp_is_reported(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import make_tiny_arch
 
 from specserve.config import CacheConfig
 from specserve.kv_cache.sizing import (
@@ -12,6 +11,7 @@ from specserve.kv_cache.sizing import (
     memory_budget_from_free,
     num_blocks_for,
 )
+from tests.conftest import make_tiny_arch
 
 
 def test_blocks_from_budget_and_explicit_count() -> None:

@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import make_tiny_model
 
 from specserve.config import CacheConfig, SchedulerConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.llm_engine import LLMEngine
 from specserve.server.app import create_app
+from tests.conftest import make_tiny_model
 
 MODEL = "tiny"
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import httpx
 import torch
-from tests.conftest import make_tiny_model
-from tests.unit.server.conftest import MODEL, CharTokenizer, make_engine, parse_sse
 
 from specserve.engine.generate import generate_plain
 from specserve.sampling_params import SamplingParams
 from specserve.server.app import create_app
+from tests.conftest import make_tiny_model
+from tests.unit.server.conftest import MODEL, CharTokenizer, make_engine, parse_sse
 
 
 async def complete(client: httpx.AsyncClient, **body: Any) -> httpx.Response:

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from tests.unit.server.conftest import MODEL
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.server.conftest import MODEL, make_engine
 
 from specserve.server.app import create_app
+from tests.unit.server.conftest import MODEL, make_engine
 
 SCALARS = st.one_of(
     st.none(),

@@ -55,3 +55,17 @@ def test_inconsistent_choice_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="draft_model"):
         engine_config_from_args(args)
+
+
+def test_weights_and_truncated_draft_reach_the_engine_config() -> None:
+    argv = ["serve", "--model", "t", "--draft-model", "d", "--draft-num-layers", "6"]
+    args = build_parser().parse_args([*argv, "--weights", "int8"])
+    config = engine_config_from_args(args)
+    assert config.model.weights == "int8"
+    assert config.spec.draft_num_layers == 6
+
+
+def test_truncated_draft_needs_a_draft_model() -> None:
+    args = build_parser().parse_args(["serve", "--model", "t", "--draft-num-layers", "6"])
+    with pytest.raises(ValueError, match="draft_num_layers=6 needs method 'draft'"):
+        engine_config_from_args(args)

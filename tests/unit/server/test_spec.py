@@ -8,12 +8,12 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import make_tiny_model
-from tests.unit.server.conftest import MODEL, CharTokenizer, parse_sse, serve
 
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.builder import build_engine_from_models
+from tests.conftest import make_tiny_model
+from tests.unit.server.conftest import MODEL, CharTokenizer, parse_sse, serve
 
 PROMPTS = [
     "abcabcabcabcabcabc",
