@@ -7,10 +7,11 @@ Terms:
     expected tokens E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i: accepted drafts plus the
         recovered/bonus token of one verify step.
     step cost C(k) = draft_cost(k) + verify_cost(k + 1): measured wall times. The draft cost
-        is a per-draft-token time, the verify cost a time per number of tokens verified per
-        request, both per batch size (the engine passes it). Unmeasured verify sizes are
-        estimated from the nearest measured one and a mild prior slope (a k + 1 token forward
-        costs about what a 1 token forward does when memory bound).
+        is a per-draft-token time per batch size (the engine passes it); the verify cost is
+        kept per total step size batch_size * (k + 1), so a large batch, where extra verify
+        tokens make the forward compute bound, sees its real cost. Unmeasured sizes are
+        interpolated between measured ones, or scaled by a mild prior slope (a k + 1 token
+        forward costs about what a 1 token forward does when memory bound).
     rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
@@ -22,8 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Relative cost of verifying n tokens vs 1 when nothing is measured yet: +2 % per token.
+# Relative cost of a forward over T tokens vs 1 when nothing is measured yet: +2 % per token
+# (memory-bound small steps; MODELS.md: 1-5 tokens cost about what 1 does, 8-16 about 1.2x).
 _VERIFY_SLOPE_PRIOR = 0.02
+
+
+def _prior_verify(num_step_tokens: int) -> float:
+    return 1.0 + _VERIFY_SLOPE_PRIOR * (num_step_tokens - 1)
 
 
 @dataclass
@@ -104,6 +110,7 @@ class KController:
         self._requests: dict[str, _RequestState] = {}
         self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
         self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
+        self._cost_by_size: dict[int, float] | None = None  # batch size * tokens -> s
 
     # ---- observations ---------------------------------------------------------------------
 
@@ -139,6 +146,7 @@ class KController:
         if num_draft_steps > 0:
             self._update(self._draft_cost, batch_size, draft_s / num_draft_steps)
         self._update(self._verify_cost, (batch_size, num_verified_tokens), verify_s)
+        self._cost_by_size = None
 
     def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
         old = table.get(key)
@@ -167,19 +175,31 @@ class KController:
         return total
 
     def verify_cost(self, num_tokens: int, batch_size: int = 1) -> float:
-        """Estimated target step time for ``num_tokens`` per request (unit 1 if unmeasured)."""
-        measured = {n: s for (b, n), s in self._verify_cost.items() if b == batch_size}
-        if not measured:
-            measured = {n: s for (_, n), s in self._verify_cost.items()}
-        if not measured:
-            return 1.0 + _VERIFY_SLOPE_PRIOR * (num_tokens - 1)
-        if num_tokens in measured:
-            return measured[num_tokens]
-        nearest = min(measured, key=lambda n: (abs(n - num_tokens), n))
-        ratio = (1.0 + _VERIFY_SLOPE_PRIOR * (num_tokens - 1)) / (
-            1.0 + _VERIFY_SLOPE_PRIOR * (nearest - 1)
-        )
-        return measured[nearest] * ratio
+        """Estimated target step time for ``num_tokens`` per request in a batch of
+        ``batch_size`` (unit 1 per token-free step if nothing is measured).
+
+        Costs are kept per total step size T = batch_size * num_tokens, the quantity a
+        forward's time depends on; an unmeasured T is interpolated linearly between the
+        nearest measured sizes, or scaled from the nearest one by the prior slope.
+        """
+        size = batch_size * num_tokens
+        if self._cost_by_size is None:  # rebuilt after each new measurement
+            by_size: dict[int, list[float]] = {}
+            for (b, n), seconds in self._verify_cost.items():
+                by_size.setdefault(b * n, []).append(seconds)
+            self._cost_by_size = {t: sum(v) / len(v) for t, v in by_size.items()}
+        cost = self._cost_by_size
+        if not cost:
+            return _prior_verify(size)
+        if size in cost:
+            return cost[size]
+        below = [t for t in cost if t < size]
+        above = [t for t in cost if t > size]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return cost[lo] + (cost[hi] - cost[lo]) * (size - lo) / (hi - lo)
+        nearest = max(below) if below else min(above)
+        return cost[nearest] * _prior_verify(size) / _prior_verify(nearest)
 
     def draft_cost(self, k: int, batch_size: int = 1) -> float:
         """Estimated propose time for k draft tokens."""

@@ -58,14 +58,22 @@ def test_cheap_accurate_drafts_use_large_k() -> None:
     assert c.choose_k("r") == 8
 
 
-def test_verify_cost_interpolation() -> None:
+def test_verify_cost_is_kept_per_step_size() -> None:
     c = KController(8)
     assert c.verify_cost(1) == 1.0 and c.verify_cost(3) == pytest.approx(1.04)
-    c.record_cost(0.0, 0, 0.2, 1, batch_size=1)
-    c.record_cost(0.0, 0, 0.5, 1, batch_size=8)
+    c.record_cost(0.0, 0, 0.2, 1, batch_size=1)  # 1 token
+    c.record_cost(0.0, 0, 0.5, 1, batch_size=8)  # 8 tokens
     assert c.verify_cost(1, 1) == 0.2 and c.verify_cost(1, 8) == 0.5
-    assert c.verify_cost(5, 1) == pytest.approx(0.2 * 1.08)
-    assert c.verify_cost(1, 3) == 0.2 or c.verify_cost(1, 3) == 0.5  # unmeasured batch size
+    assert c.verify_cost(5, 1) == pytest.approx(0.2 + 0.3 * 4 / 7)  # interpolated
+    assert c.verify_cost(4, 8) == pytest.approx(0.5 * 1.62 / 1.14)  # 32 tokens: prior slope
+    # A large batch where verifying drafts is expensive: speculation is switched off there,
+    # while the same acceptance still pays at batch 1.
+    c.record_cost(0.0, 0, 1.4, 4, batch_size=8)  # 32 tokens cost 1.4 s
+    c.record_cost(0.02, 1, 0.21, 2, batch_size=1)
+    for i in range(40):
+        c.observe("r", 1, i % 2)  # half the drafts accepted
+    assert c.best_k("r", batch_size=8) == 0
+    assert c.best_k("r", batch_size=1) > 0
 
 
 def simulate(c: KController | None, k_fixed: int, accept: list[float], steps: int = 400) -> float:
