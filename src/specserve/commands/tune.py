@@ -1,0 +1,63 @@
+"""``specserve tune [CONFIG.yaml]``: sweep proposer × k × concurrency, recommend k."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from specserve.tune.config import TuneConfigError, load_tune_config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tune",
+        help="sweep proposer/draft × k × concurrency and recommend k",
+        description=(
+            "Start one plain baseline server and, per proposer, one speculative server "
+            "(restarted only when the proposer changes; k varies per request), benchmark "
+            "every k against the baseline side by side, and write tune.json and tune.html "
+            "with acceptance and speedup vs k and the recommended k per category."
+        ),
+    )
+    p.add_argument("config", nargs="?", help="tune YAML (default: the embedded sweep)")
+    p.add_argument("--output-dir", help="results folder (overrides the config)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        cfg = load_tune_config(args.config)
+    except TuneConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.output_dir:
+        cfg = cfg.model_copy(update={"output_dir": args.output_dir})
+
+    from specserve.experiment.server_process import ServerDiedError, ServerStartError
+    from specserve.tune.sweep import run_tune
+
+    t0 = time.monotonic()
+
+    def status(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.0f} s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        outcome = run_tune(cfg, on_status=status)
+    except KeyboardInterrupt:
+        print("\ninterrupted; servers stopped; partial results kept", file=sys.stderr)
+        return 130
+    except (ServerStartError, ServerDiedError, ValueError, RuntimeError, OSError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    for r in outcome.recommendations:
+        print(
+            f"{r.proposer:>16}  c={r.concurrency:<3} {r.category:<12} "
+            f"recommended k={r.recommended_k} ({r.recommended_speedup:.2f}×), "
+            f"best k={r.best_k} ({r.best_speedup:.2f}×)"
+        )
+    print(f"\nresults: {outcome.output_dir}  (tune.json, tune.html)")
+    return 0
