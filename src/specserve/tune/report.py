@@ -30,7 +30,7 @@ def charts_for(category: str, concurrency: int, points: list[SweepPoint]) -> lis
     where = f"{category}, concurrency {concurrency}"
     lengths = _series(points, "mean_acceptance_length")
     for name, pts in _series(points, "iid_expected_length").items():
-        lengths[f"{name} i.i.d. (1−α^(k+1))/(1−α)"] = pts
+        lengths[f"{name} i.i.d."] = pts
     return [
         step_chart(f"TPOT speedup vs k ({where})", "k", "× baseline",
                    _series(points, "tpot_speedup"), step=False, markers=True),
@@ -79,7 +79,9 @@ def render_tune_html(points: list[SweepPoint], recs: list[Recommendation]) -> st
         "<p>Speedup = median TPOT of the plain baseline / median TPOT at that k, measured "
         "side by side (arms alternated). Acceptance from the speculative server's /metrics "
         "deltas over each arm's batches (per suite run). Recommended k: the smallest k "
-        "within tolerance of the best.</p><h2>Recommendation</h2>"
+        "within tolerance of the best. The 'i.i.d.' lines: the expected τ if every "
+        "draft token were accepted independently with the measured α, (1 − α^(k+1))/(1 − α)."
+        "</p><h2>Recommendation</h2>"
         + _table(["proposer", "conc", "category", "recommended k", "speedup", "best k",
                   "best speedup"], rec_rows)
         + "<h2>Plots</h2>" + plots + "<h2>All points</h2>"
