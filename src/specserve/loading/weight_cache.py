@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from specserve.loading.errors import CorruptModelError
 from specserve.loading.paths import weights_dir
@@ -89,12 +88,37 @@ def load_arch(directory: Path) -> ArchConfig:
     return ArchConfig(**raw)
 
 
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_ALIGN = 64  # cache-line alignment of the tensor data, so vector loads never straddle lines
+
+
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Write ``state`` to ``path`` atomically (a temporary file, then rename)."""
+    """Write ``state`` as safetensors, atomically (a temporary file, then rename).
+
+    The header is padded with spaces (valid JSON whitespace) so the data starts on a 64-byte
+    boundary; with hidden sizes that are multiples of 32 every tensor is then cache-line
+    aligned when memory-mapped, as freshly allocated tensors are.
+    """
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    tensors = {k: v.contiguous() for k, v in state.items()}
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _ST_NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % _ALIGN)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
     try:
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(struct.pack("<Q", len(raw)))
+            fh.write(raw)
+            for t in tensors.values():
+                fh.write(t.reshape(-1).view(torch.uint8).numpy().data)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
