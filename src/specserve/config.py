@@ -11,7 +11,7 @@ from typing import Literal
 
 DType = Literal["float32", "bfloat16", "float16"]
 WeightFormat = Literal["fp32", "bf16", "int8", "int4"]
-SpecMethod = Literal["none", "draft", "ngram", "suffix"]
+SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ class SpecConfig:
 
     Attributes:
         method: ``none`` (plain decoding), ``draft`` (small model), ``ngram`` (prompt lookup)
-            or ``suffix`` (suffix matching over prompt and earlier outputs).
-        draft_model: the draft's catalog name or path (method ``draft`` only).
+            ``suffix`` (suffix matching over prompt and earlier outputs) or ``hybrid`` (suffix
+            drafts when confident, the draft model otherwise).
+        draft_model: the draft's catalog name or path (methods ``draft`` and ``hybrid``).
         num_speculative_tokens: fixed k; None lets the k controller choose per request.
         k_max: upper bound for the adaptive controller.
         ngram_min: shortest n-gram the prompt-lookup proposer matches.
@@ -113,17 +114,17 @@ class SpecConfig:
     draft_num_layers: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in ("none", "draft", "ngram", "suffix"):
+        if self.method not in ("none", "draft", "ngram", "suffix", "hybrid"):
             raise ValueError(f"unknown speculative method {self.method!r}")
-        if self.method == "draft" and not self.draft_model:
-            raise ValueError("speculative method 'draft' needs draft_model")
-        if self.method != "draft" and self.draft_model:
+        if self.uses_draft_model and not self.draft_model:
+            raise ValueError(f"speculative method {self.method!r} needs draft_model")
+        if not self.uses_draft_model and self.draft_model:
             raise ValueError(f"draft_model given but method is {self.method!r}")
         if self.draft_num_layers is not None and (
-            self.method != "draft" or self.draft_num_layers < 1
+            not self.uses_draft_model or self.draft_num_layers < 1
         ):
             raise ValueError(
-                f"draft_num_layers={self.draft_num_layers} needs method 'draft' and must be >= 1"
+                f"draft_num_layers={self.draft_num_layers} needs a draft model and must be >= 1"
             )
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= 32):
@@ -134,6 +135,10 @@ class SpecConfig:
             raise ValueError(
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"
             )
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method in ("draft", "hybrid")
 
     @property
     def enabled(self) -> bool:

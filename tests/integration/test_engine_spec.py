@@ -1,5 +1,5 @@
 """Speculative continuous batching is lossless: greedy fp32 output equals plain generation for
-every method (n-gram, suffix, draft model) and k, with staggered arrivals, preemption and
+every method (n-gram, suffix, draft model, hybrid) and k, with staggered arrivals, preemption and
 adaptive k; the acceptance counters add up."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def make_engine(
             k_max=7,
             ngram_min=1,
             ngram_max=3,
-            draft_model="tiny-draft" if method == "draft" else None,
+            draft_model="tiny-draft" if method in ("draft", "hybrid") else None,
         ),
     )
     return build_engine_from_models(config, target, draft=draft)
@@ -70,10 +70,14 @@ def assert_equals_plain(engine: LLMEngine, target: DecoderLM, n: int = 5, seed: 
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
-@pytest.mark.parametrize("method", ["ngram", "suffix", "draft"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "hybrid"])
 def test_speculative_batch_equals_plain(method: str, k: int) -> None:
     target = make_tiny_model("qwen3", vocab_size=VOCAB)
-    draft = make_tiny_model("qwen3", seed=1, vocab_size=VOCAB) if method == "draft" else None
+    draft = (
+        make_tiny_model("qwen3", seed=1, vocab_size=VOCAB)
+        if method in ("draft", "hybrid")
+        else None
+    )
     engine = make_engine(target, method, k, draft)
     assert_equals_plain(engine, target)
     assert engine.stats().spec.num_drafts > 0

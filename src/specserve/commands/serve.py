@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--draft-model", help="draft model (implies --spec-method draft)")
     p.add_argument(
         "--spec-method",
-        choices=["none", "ngram", "suffix", "draft"],
+        choices=["none", "ngram", "suffix", "draft", "hybrid"],
         help="speculative method (default: draft if --draft-model is given, else none)",
     )
     p.add_argument(

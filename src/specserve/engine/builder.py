@@ -46,18 +46,24 @@ def build_spec(
         from specserve.spec.suffix import SuffixProposer
 
         proposer = SuffixProposer()
-    elif spec.method == "draft":
+    elif spec.uses_draft_model:
         if draft is None:
-            raise ValueError("speculative method 'draft' needs a draft model")
+            raise ValueError(f"speculative method {spec.method!r} needs a draft model")
         from specserve.spec.draft_model import DraftModelProposer
 
-        proposer = DraftModelProposer(
+        draft_proposer = DraftModelProposer(
             draft,
             target.cfg.vocab_size,
             max_num_seqs=(scheduler or SchedulerConfig()).max_num_seqs,
             max_model_len=max_model_len + k_max + 1,
             block_size=block_size,
         )
+        proposer = draft_proposer
+        if spec.method == "hybrid":
+            from specserve.spec.hybrid import HybridProposer
+            from specserve.spec.suffix import SuffixProposer
+
+            proposer = HybridProposer(SuffixProposer(), draft_proposer)
     else:  # pragma: no cover - SpecConfig validates the method
         raise ValueError(f"unknown speculative method {spec.method!r}")
     return proposer, controller
@@ -115,7 +121,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
 
     target = load(config.model.model)
     draft = None
-    if config.spec.method == "draft" and config.spec.enabled:
+    if config.spec.uses_draft_model and config.spec.enabled:
         assert config.spec.draft_model is not None
         draft_lm = load(config.spec.draft_model)
         from specserve.spec.draft_model import check_vocab_compatible

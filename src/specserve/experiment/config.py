@@ -34,7 +34,7 @@ class ServersSpec(BaseModel):
         default=None,
         description=f"Draft model for method 'draft' (same tokenizer); default {DEFAULT_DRAFT}.",
     )
-    method: Literal["draft", "ngram", "suffix"] = Field(
+    method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(
         default="draft", description="Proposer of the speculative server."
     )
     num_speculative_tokens: int | Literal["auto"] = Field(
@@ -62,10 +62,13 @@ class ServersSpec(BaseModel):
         k = self.num_speculative_tokens
         if isinstance(k, int) and not 1 <= k <= 32:
             raise ValueError(f"num_speculative_tokens must be in [1, 32] or 'auto', got {k}")
-        if self.method == "draft" and self.draft is None:
+        uses_draft = self.method in ("draft", "hybrid")
+        if uses_draft and self.draft is None:
             object.__setattr__(self, "draft", DEFAULT_DRAFT)
-        if self.method != "draft" and self.draft is not None:
-            raise ValueError(f"a draft model is only used with method 'draft', not {self.method!r}")
+        if not uses_draft and self.draft is not None:
+            raise ValueError(
+                f"a draft model is only used with methods 'draft' and 'hybrid', not {self.method!r}"
+            )
         if self.baseline_port is not None and self.baseline_port == self.speculative_port:
             raise ValueError("baseline_port and speculative_port must differ")
         if not self.host.startswith("127.") and self.host not in ("localhost", "::1"):
@@ -85,8 +88,7 @@ class ServersSpec(BaseModel):
             args += ["--weights", self.weights]
         if speculative:
             args += ["--spec-method", self.method]
-            if self.method == "draft":
-                assert self.draft is not None
+            if self.draft is not None:
                 args += ["--draft-model", self.draft]
             args += ["--num-speculative-tokens", str(self.num_speculative_tokens)]
         else:

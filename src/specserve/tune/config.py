@@ -20,7 +20,7 @@ class ProposerSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="Label in tables and plots.")
-    method: Literal["draft", "ngram", "suffix"] = Field(description="Proposer kind.")
+    method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(description="Proposer kind.")
     draft: str | None = Field(default=None, description="Draft model (method 'draft').")
     draft_num_layers: int | None = Field(
         default=None,
@@ -30,10 +30,11 @@ class ProposerSpec(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ProposerSpec:
-        if self.method == "draft" and not self.draft:
-            raise ValueError(f"proposer {self.name!r}: method 'draft' needs a draft model")
-        if self.method != "draft" and (self.draft or self.draft_num_layers):
-            raise ValueError(f"proposer {self.name!r}: draft settings need method 'draft'")
+        uses_draft = self.method in ("draft", "hybrid")
+        if uses_draft and not self.draft:
+            raise ValueError(f"proposer {self.name!r}: method {self.method!r} needs a draft model")
+        if not uses_draft and (self.draft or self.draft_num_layers):
+            raise ValueError(f"proposer {self.name!r}: draft settings need a draft method")
         return self
 
     def serve_args(self, k_max: int) -> list[str]:

@@ -61,7 +61,7 @@ benchmark: {concurrency: [4], max_tokens: 600}
     [
         ("servers: {num_speculative_tokens: 0}", "num_speculative_tokens"),
         ("servers: {num_speculative_tokens: 99}", "num_speculative_tokens"),
-        ("servers: {method: ngram, draft: some-model}", "only used with method 'draft'"),
+        ("servers: {method: ngram, draft: some-model}", "only used with methods 'draft'"),
         ("servers: {method: eagle}", "method"),
         ("benchmark: {concurrency: [0]}", "concurrency"),
         ("benchmark: {num_requests: 0}", "num_requests"),

@@ -67,5 +67,5 @@ def test_weights_and_truncated_draft_reach_the_engine_config() -> None:
 
 def test_truncated_draft_needs_a_draft_model() -> None:
     args = build_parser().parse_args(["serve", "--model", "t", "--draft-num-layers", "6"])
-    with pytest.raises(ValueError, match="draft_num_layers=6 needs method 'draft'"):
+    with pytest.raises(ValueError, match="draft_num_layers=6 needs a draft model"):
         engine_config_from_args(args)
