@@ -35,7 +35,9 @@ class ServersSpec(BaseModel):
         description=f"Draft model for method 'draft' (same tokenizer); default {DEFAULT_DRAFT}.",
     )
     method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(
-        default="draft", description="Proposer of the speculative server."
+        default="hybrid",
+        description="Proposer of the speculative server (hybrid: suffix drafts when confident, "
+        "the draft model otherwise).",
     )
     num_speculative_tokens: int | Literal["auto"] = Field(
         default="auto",
@@ -128,12 +130,12 @@ class BenchmarkSpec(BaseModel):
     concurrency: tuple[int, ...] = Field(
         default=(1,), min_length=1, description="Closed-loop concurrency levels (each a run)."
     )
-    num_requests: int = Field(default=10, ge=1, description="Measured requests per arm and level.")
+    num_requests: int = Field(default=8, ge=1, description="Measured requests per arm and level.")
     warmup_requests: int = Field(default=1, ge=0, description="Per arm, excluded from results.")
     batch_size: int = Field(
         default=1, ge=1, description="Arms alternate every batch_size requests (ABBA order)."
     )
-    max_tokens: int = Field(default=96, ge=1, description="max_tokens of every request.")
+    max_tokens: int = Field(default=64, ge=1, description="max_tokens of every request.")
     min_tokens: int | None = Field(default=None, ge=0, description="min_tokens, when set.")
     ignore_eos: bool = Field(default=False, description="Fixed output lengths when true.")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 = greedy (study).")
