@@ -17,7 +17,7 @@ import yaml
 
 from specserve.experiment.config import load_config
 from specserve.experiment.runner import run_experiment
-from specserve.experiment.server_process import ServerDiedError, free_port, port_in_use
+from specserve.server.launcher import ServerDiedError, free_port, port_in_use
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.deploy.dashboard import build_dashboard
-from specserve.experiment.server_process import ServerProcess
+from specserve.server.launcher import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -51,21 +51,24 @@ def exposition(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
         "--model", MODEL, "--draft-model", MODEL, "--num-speculative-tokens", "2",
         "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "2",
     ]  # fmt: skip
-    with ServerProcess("speculative", args, log_dir) as server:
-        server.wait_ready(timeout_s=600)
-        with httpx.Client(base_url=server.base_url, timeout=300) as client:
-            for prompt in ("Count from 1 to 10.", "Name three colors."):
-                r = client.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": 16,
-                        "temperature": 0,
-                    },
-                )
-                assert r.status_code == 200, r.text
-            text = client.get("/metrics").text
+    with (
+        ServerProcess(
+            args, log_path=log_dir / "speculative.log", name="speculative", ready_timeout_s=600
+        ) as server,
+        httpx.Client(base_url=server.base_url, timeout=300) as client,
+    ):
+        for prompt in ("Count from 1 to 10.", "Name three colors."):
+            r = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 16,
+                    "temperature": 0,
+                },
+            )
+            assert r.status_code == 200, r.text
+        text = client.get("/metrics").text
     samples: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

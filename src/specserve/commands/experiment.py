@@ -8,7 +8,7 @@ import sys
 import time
 
 from specserve.experiment.config import ExperimentConfigError, load_config
-from specserve.experiment.server_process import ServerDiedError, ServerStartError
+from specserve.server.launcher import ServerDiedError, ServerStartError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output_dir:
         cfg = cfg.model_copy(update={"output_dir": args.output_dir})
 
-    from specserve.experiment.server_process import ServerDiedError, ServerStartError
+    from specserve.server.launcher import ServerDiedError, ServerStartError
     from specserve.tune.sweep import run_tune
 
     t0 = time.monotonic()

@@ -23,8 +23,8 @@ from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
 from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.experiment.config import Endpoint, ExperimentConfig, ServersSpec
-from specserve.experiment.server_process import ServerProcess
 from specserve.report.html import write_report
+from specserve.server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -78,18 +78,19 @@ def started_servers(
         procs = {}
         for arm in ARMS:
             proc = ServerProcess(
-                arm,
                 servers.serve_args(speculative=arm == "speculative"),
-                out / "logs",
+                log_path=out / "logs" / f"{arm}.log",
+                name=arm,
                 host=servers.host,
                 port=ports[arm],
+                ready_timeout_s=servers.startup_timeout_s,
             )
             stack.callback(proc.stop)
-            proc.start()
+            proc.launch()  # both load at once; then wait for each
             procs[arm] = proc
         for arm, proc in procs.items():
             on_status(f"waiting for the {arm} server on {proc.base_url} (log: {proc.log_path})")
-            proc.wait_ready(servers.startup_timeout_s)
+            proc.wait_ready()
         endpoints = {
             arm: Endpoint(base_url=p.base_url, model=served_model(p.base_url))
             for arm, p in procs.items()

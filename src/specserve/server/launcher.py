@@ -1,11 +1,16 @@
-"""Start a ``specserve serve`` process on a free loopback port and wait until it is ready.
+"""Run ``specserve serve`` as a child process: free port, readiness wait, clean shutdown.
 
-Used by the end-to-end tests and by ``benchmarks/serve_ab.py``; loopback only.
+Used by ``specserve experiment`` / ``tune``, the end-to-end tests and
+``benchmarks/serve_ab.py``; loopback only. Each child runs in its own process group with its
+output in a log file; :meth:`ServerProcess.stop` (also from ``__exit__``, on Ctrl-C and on
+failure) sends SIGTERM, waits for the drain, then SIGKILLs the group, so no server outlives
+its owner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -18,22 +23,47 @@ from types import TracebackType
 
 import httpx
 
+logger = logging.getLogger(__name__)
+
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
-    """A TCP port that was free on the loopback interface a moment ago."""
+class ServerStartError(RuntimeError):
+    """A server process could not be started or never became ready (message says why)."""
+
+
+class ServerDiedError(RuntimeError):
+    """A server process exited while it was still needed (message has its log's tail)."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-class ServerProcess:
-    """A ``specserve serve`` child process (a context manager).
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
-    Attributes:
-        base_url: ``http://127.0.0.1:<port>`` once started.
-        log_path: where the child's stderr/stdout go.
+
+class ServerProcess:
+    """One ``specserve serve`` child process (a context manager: start + wait, then stop).
+
+    Args:
+        args: arguments after ``specserve serve`` (model, speculation, dtype, ...).
+        log_path: where the child's stdout/stderr go.
+        name: label used in messages (``baseline``, ``speculative``, ...).
+        host: loopback address to bind.
+        port: a fixed port (refused if in use) or None for a free one.
+        ready_timeout_s: how long :meth:`wait_ready` waits for ``/v1/models``.
+        env: extra environment variables for the child.
     """
 
     def __init__(
@@ -41,63 +71,112 @@ class ServerProcess:
         args: Sequence[str],
         *,
         log_path: Path,
+        name: str = "server",
+        host: str = LOOPBACK,
+        port: int | None = None,
         ready_timeout_s: float = 300.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.port = free_port()
-        self.base_url = f"http://{LOOPBACK}:{self.port}"
+        if port is not None and port_in_use(host, port):
+            raise ServerStartError(f"{name}: port {port} on {host} is already in use")
+        self.name = name
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.base_url = f"http://{host}:{self.port}"
         self.args = [
             sys.executable, "-m", "specserve.cli", "serve", *args,
-            "--host", LOOPBACK, "--port", str(self.port),
+            "--host", host, "--port", str(self.port),
         ]  # fmt: skip
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def launch(self) -> None:
+        """Start the child without waiting for readiness (start several, then wait)."""
+        assert self.proc is None, "already started"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("starting %s: %s", self.name, " ".join(self.args))
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # own process group: stop() can signal every child
+            )
+
     def start(self) -> ServerProcess:
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        log.close()
-        self.wait_ready()
+        """Launch and wait until ready."""
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
-    def wait_ready(self) -> None:
-        """Poll ``/v1/models`` until 200; raise with the log tail if the process dies."""
-        assert self.proc is not None
-        deadline = time.monotonic() + self.ready_timeout_s
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Poll ``/v1/models`` until it answers 200; fail fast if the process exits."""
+        timeout = self.ready_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            self.check_alive()
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.base_url}/v1/models", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.base_url}/v1/models", timeout=5.0).status_code == 200:
                     return
             time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"server not ready after {self.ready_timeout_s}s:\n{self.log_tail()}")
+        raise ServerStartError(
+            f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}:\n{self.log_tail()}"
+        )
 
-    def log_tail(self, num_chars: int = 4000) -> str:
+    def check_alive(self) -> None:
+        """Raise :class:`ServerDiedError` (with the log's tail) if the process has exited."""
+        if self.proc is None:
+            raise ServerDiedError(f"{self.name} was never started")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise ServerDiedError(
+                f"{self.name} server exited with code {rc}; last log lines:\n{self.log_tail()}"
+            )
+
+    def log_tail(self, num_chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-num_chars:]
         except OSError:
-            return ""
+            return "(no log)"
 
     def terminate(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM and wait; the exit code (kills after ``timeout_s``)."""
+        """SIGTERM the server and wait for its drain; returns its exit code (kills after
+        ``timeout_s`` and re-raises the timeout)."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self._kill_group()
             raise
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.terminate(timeout_s=30.0)
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM, wait up to ``grace_s`` for the drain, then SIGKILL the whole group."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.terminate(timeout_s=grace_s)
+        self._kill_group()  # the group may hold children even after the leader exited
+
+    def _kill_group(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -22,7 +22,7 @@ from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
 from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.experiment.runner import served_model
-from specserve.experiment.server_process import ServerProcess
+from specserve.server.launcher import ServerProcess
 from specserve.tune.config import ProposerSpec, TuneConfig
 from specserve.tune.recommend import Recommendation, SweepPoint, iid_expected_length, recommend
 from specserve.tune.report import write_tune_report
@@ -109,18 +109,22 @@ def run_tune(cfg: TuneConfig, on_status: Callable[[str], None]) -> TuneOutcome:
     k_max = max(cfg.k)
     with ExitStack() as stack:
         baseline = ServerProcess(
-            "baseline", [*cfg.base_serve_args(), "--spec-method", "none"], out / "logs"
+            [*cfg.base_serve_args(), "--spec-method", "none"],
+            log_path=out / "logs" / "baseline.log",
+            name="baseline",
+            ready_timeout_s=cfg.startup_timeout_s,
         )
         stack.callback(baseline.stop)
         baseline.start()
-        baseline.wait_ready(cfg.startup_timeout_s)
         base = (baseline.base_url, served_model(baseline.base_url))
         for proposer in cfg.proposers:
             on_status(f"starting the speculative server for proposer {proposer.name!r}")
             with ServerProcess(
-                proposer.name, [*cfg.base_serve_args(), *proposer.serve_args(k_max)], out / "logs"
+                [*cfg.base_serve_args(), *proposer.serve_args(k_max)],
+                log_path=out / "logs" / f"{proposer.name}.log",
+                name=proposer.name,
+                ready_timeout_s=cfg.startup_timeout_s,
             ) as server:
-                server.wait_ready(cfg.startup_timeout_s)
                 spec = (server.base_url, served_model(server.base_url))
                 for conc in cfg.concurrency:
                     for suite in cfg.suites:
