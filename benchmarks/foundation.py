@@ -2,7 +2,7 @@
 
 Run (it loads the 1.5B several times; keep other heavy jobs off the machine):
 
-    flock /tmp/specserve-heavy.lock .venv/bin/python benchmarks/foundation.py
+    .venv/bin/python benchmarks/foundation.py
 
 Measured side by side in one run:
 

@@ -8,7 +8,7 @@ output throughput of each arm and its ratio, acceptance, and the exact-match rat
 
 Heavy (loads the Qwen pair twice): run it alone, e.g.
 
-    flock /tmp/specserve-heavy.lock .venv/bin/python benchmarks/serve_ab.py
+    .venv/bin/python benchmarks/serve_ab.py
 
 Results (JSON per arm and load, comparison.json, HTML report) go to ``--output``.
 """
