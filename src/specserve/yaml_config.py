@@ -11,23 +11,32 @@ from pydantic import BaseModel, ValidationError
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
+def format_errors(error: ValidationError) -> str:
+    """One line per problem: ``field.path: message``."""
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
 def load_yaml_model(
     path: str | Path, model: type[ModelT], error: type[ValueError], what: str
 ) -> ModelT:
     """Validate ``path``'s YAML mapping as ``model``; problems raise ``error`` naming ``what``."""
     p = Path(path)
-    if not p.is_file():
-        raise error(f"{what} {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(p.read_text())
+    except (FileNotFoundError, IsADirectoryError) as e:
+        raise error(f"{p}: no such file ({what})") from e
     except yaml.YAMLError as e:
         raise error(f"{p}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise error(f"{p}: top level must be a mapping, got {type(data).__name__}")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise error(f"{p}: expected a mapping at the top level, got {type(raw).__name__}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(raw)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}" for err in e.errors()
-        )
-        raise error(f"{p}: invalid {what}: {problems}") from e
+        raise error(f"{p}: invalid {what}:\n{format_errors(e)}") from e

@@ -17,8 +17,7 @@ import logging
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from specserve.deploy.catalog import tokenizer_family
 from specserve.deploy.platforms import (
@@ -26,6 +25,7 @@ from specserve.deploy.platforms import (
     PlatformsSpec,
     Strict,
 )
+from specserve.yaml_config import load_yaml_model
 
 logger = logging.getLogger(__name__)
 
@@ -239,26 +239,4 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     Raises:
         DeployConfigError: missing file, YAML syntax error, or invalid content.
     """
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError as e:
-        raise DeployConfigError(f"{p}: no such file") from e
-    except yaml.YAMLError as e:
-        raise DeployConfigError(f"{p}: not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise DeployConfigError(f"{p}: expected a mapping at the top level")
-    try:
-        return DeployConfig.model_validate(raw)
-    except ValidationError as e:
-        raise DeployConfigError(f"{p}: invalid deploy config:\n{format_errors(e)}") from e
-
-
-def format_errors(error: ValidationError) -> str:
-    """One line per problem: ``field.path: message``."""
-    lines = []
-    for err in error.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+    return load_yaml_model(path, DeployConfig, DeployConfigError, "deploy config")

@@ -73,7 +73,7 @@ benchmark: {concurrency: [4], max_tokens: 600}
             " speculative: {base_url: 'http://b', model: m}}",
             "not both",
         ),
-        ("- just\n- a list", "mapping"),
+        ("- just\n- a list", "expected a mapping"),
         ("servers: [unclosed", "YAML"),
     ],
 )
@@ -84,7 +84,7 @@ def test_invalid_configs_name_the_problem(tmp_path: Path, text: str, needle: str
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ExperimentConfigError, match="does not exist"):
+    with pytest.raises(ExperimentConfigError, match="no such file"):
         load_config(tmp_path / "nope.yaml")
 
 
