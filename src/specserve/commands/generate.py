@@ -17,6 +17,7 @@ from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.sampling_params import SamplingParams
 from specserve.spec.draft_model import DraftModelProposer, check_vocab_compatible
 from specserve.spec.generate import SpecGenerationResult, generate_speculative
+from specserve.spec.hybrid import HybridProposer
 from specserve.spec.k_controller import KController
 from specserve.spec.ngram import NgramProposer
 from specserve.spec.proposer import Proposer
@@ -53,8 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0 = all)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--spec-method", choices=["none", "draft", "ngram", "suffix"], default="none")
-    p.add_argument("--draft-model", default=None, help="draft model (method 'draft')")
+    p.add_argument(
+        "--spec-method", choices=["none", "draft", "ngram", "suffix", "hybrid"], default="none"
+    )
+    p.add_argument("--draft-model", default=None, help="draft model (methods 'draft' and 'hybrid')")
     p.add_argument(
         "--num-speculative-tokens",
         type=_k_arg,
@@ -80,15 +83,16 @@ def make_proposer(
         return NgramProposer(ngram_min, ngram_max)
     if method == "suffix":
         return SuffixProposer()
-    if method == "draft":
+    if method in ("draft", "hybrid"):
         if draft_model is None:
-            raise ValueError("method 'draft' needs a draft model")
-        return DraftModelProposer(
+            raise ValueError(f"method {method!r} needs a draft model")
+        draft = DraftModelProposer(
             draft_model,  # type: ignore[arg-type]
             target_vocab_size,
             max_num_seqs=1,
             max_model_len=max_model_len,
         )
+        return draft if method == "draft" else HybridProposer(SuffixProposer(), draft)
     raise ValueError(f"unknown speculative method {method!r}")
 
 
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         proposer = None
         if spec.enabled:
             draft = None
-            if spec.method == "draft":
+            if spec.uses_draft_model:
                 assert spec.draft_model is not None
                 draft_lm = load_model(spec.draft_model, dtype=dtype)
                 check_vocab_compatible(

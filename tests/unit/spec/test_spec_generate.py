@@ -16,6 +16,7 @@ from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec.draft_model import DraftModelProposer
 from specserve.spec.generate import generate_speculative, speculative_step
+from specserve.spec.hybrid import HybridProposer
 from specserve.spec.k_controller import KController
 from specserve.spec.ngram import NgramProposer
 from specserve.spec.proposer import Proposal, ProposeInput, Proposer
@@ -35,6 +36,12 @@ def make_proposer(kind: str, target: DecoderLM) -> Proposer:
         return NgramProposer(1, 3)
     if kind == "suffix":
         return SuffixProposer(max_depth=8, min_match_len=1, min_confidence=0.0)
+    if kind == "hybrid":  # suffix where it matches, a mostly wrong draft model elsewhere
+        draft = make_tiny_model(target.cfg.family, seed=99)
+        return HybridProposer(
+            SuffixProposer(max_depth=8, min_match_len=1, min_confidence=0.0),
+            DraftModelProposer(draft, target.cfg.vocab_size, max_model_len=256),
+        )
     raise ValueError(kind)
 
 
@@ -48,7 +55,7 @@ def prompts(seed: int, n: int = 3) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("k", [1, 3, 7, 15])
-@pytest.mark.parametrize("kind", ["draft-same", "draft-random", "ngram", "suffix"])
+@pytest.mark.parametrize("kind", ["draft-same", "draft-random", "ngram", "suffix", "hybrid"])
 def test_greedy_is_lossless(family: str, kind: str, k: int) -> None:
     target = make_tiny_model(family, seed=1)
     proposer = make_proposer(kind, target)
