@@ -140,7 +140,10 @@ def test_server_dying_mid_run_stops_the_experiment_and_keeps_results(
     assert not port_in_use("127.0.0.1", spec_port)
 
 
-def test_ctrl_c_stops_servers_and_keeps_what_was_collected(smollm2: object, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_servers_and_keeps_what_was_collected(
+    smollm2: object, tmp_path: Path, sig: signal.Signals
+) -> None:
     ports = {"baseline_port": free_port(), "speculative_port": free_port()}
     path = _config(tmp_path, servers={**SMALL["servers"], **ports})  # type: ignore[dict-item]
     proc = _cli(str(path))
@@ -150,7 +153,7 @@ def test_ctrl_c_stops_servers_and_keeps_what_was_collected(smollm2: object, tmp_
         if "benchmarking suite" in line or time.monotonic() > deadline:
             break
     time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "interrupted" in stderr and "results so far" in stderr

@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from specserve.commands.signals import interrupt_on_sigterm
 from specserve.experiment.config import ExperimentConfigError, load_config
 from specserve.server.launcher import ServerDiedError, ServerStartError
 
@@ -30,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
+    interrupt_on_sigterm()
     try:
         cfg = load_config(args.config)
     except ExperimentConfigError as e:

@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from specserve.commands.signals import interrupt_on_sigterm
 from specserve.tune.config import TuneConfigError, load_tune_config
 
 
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    interrupt_on_sigterm()
     try:
         cfg = load_tune_config(args.config)
     except TuneConfigError as e:
