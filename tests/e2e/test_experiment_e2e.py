@@ -47,6 +47,12 @@ def _serving(port: int) -> bool:
     return out.returncode == 0
 
 
+def _default_sigint() -> None:
+    # A test runner started in the background inherits SIGINT as ignored; the child must
+    # see Ctrl-C the way a user's terminal delivers it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "specserve.cli", "experiment", *args],
@@ -54,6 +60,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        preexec_fn=_default_sigint,
     )
 
 
