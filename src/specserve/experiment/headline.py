@@ -55,8 +55,6 @@ def headline_rows(outcome: ExperimentOutcome) -> list[list[str]]:
     for (conc, suite), cmp in outcome.comparisons.items():
         acc = cmp.acceptance.get(f"c{conc}", {}).get("speculative")
         for row in cmp.rows:
-            if row.category == ALL and len(cmp.rows) > 1:
-                continue  # one suite's categories are listed individually
             tpot, e2e, ttft = _metric(row, "tpot_s"), _metric(row, "e2e_s"), _metric(row, "ttft_s")
             ttft_change = (
                 ttft.candidate_p50 / ttft.baseline_p50
@@ -66,7 +64,7 @@ def headline_rows(outcome: ExperimentOutcome) -> list[list[str]]:
             rows.append(
                 [
                     str(conc),
-                    row.category if row.category != ALL else suite,
+                    f"{suite} (all)" if row.category == ALL else row.category,
                     _fmt(tpot.baseline_p50 if tpot else None, 1e3, 1),
                     _fmt(tpot.candidate_p50 if tpot else None, 1e3, 1),
                     _speedup(tpot),
