@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 
-from specserve.commands.signals import interrupt_on_sigterm
+from specserve.commands.signals import start_long_run
 from specserve.experiment.config import ExperimentConfigError, load_config
 from specserve.server.launcher import ServerDiedError, ServerStartError
 
@@ -29,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise here
-    interrupt_on_sigterm()
+    status = start_long_run()
     try:
         cfg = load_config(args.config)
     except ExperimentConfigError as e:
@@ -45,11 +41,6 @@ def run(args: argparse.Namespace) -> int:
 
     out = default_output_dir(cfg)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
-    t0 = time.monotonic()
-
-    def status(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:6.0f} s] {msg}", file=sys.stderr, flush=True)
-
     try:
         outcome = run_experiment(cfg, on_status=status)
     except KeyboardInterrupt:

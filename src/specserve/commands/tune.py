@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-import time
 
-from specserve.commands.signals import interrupt_on_sigterm
+from specserve.commands.signals import start_long_run
 from specserve.tune.config import TuneConfigError, load_tune_config
 
 
@@ -28,9 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    interrupt_on_sigterm()
+    status = start_long_run()
     try:
         cfg = load_tune_config(args.config)
     except TuneConfigError as e:
@@ -41,11 +37,6 @@ def run(args: argparse.Namespace) -> int:
 
     from specserve.server.launcher import ServerDiedError, ServerStartError
     from specserve.tune.sweep import run_tune
-
-    t0 = time.monotonic()
-
-    def status(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:6.0f} s] {msg}", file=sys.stderr, flush=True)
 
     try:
         outcome = run_tune(cfg, on_status=status)
