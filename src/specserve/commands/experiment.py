@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from specserve.experiment.headline import headline_text
     from specserve.experiment.runner import default_output_dir, run_experiment
 
-    out = default_output_dir(cfg)
+    out = default_output_dir(cfg.name, cfg.output_dir)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     try:
         outcome = run_experiment(cfg, on_status=status)

@@ -46,11 +46,12 @@ class ExperimentOutcome:
     comparisons: dict[tuple[int, str], Comparison] = field(default_factory=dict)
 
 
-def default_output_dir(cfg: ExperimentConfig) -> Path:
-    if cfg.output_dir:
-        return Path(cfg.output_dir)
+def default_output_dir(name: str, output_dir: str | None) -> Path:
+    """``output_dir`` if given, else ``results/<name>-<UTC timestamp>`` (experiment, tune)."""
+    if output_dir:
+        return Path(output_dir)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Path("results") / f"{cfg.name}-{stamp}"
+    return Path("results") / f"{name}-{stamp}"
 
 
 def prefetch_models(servers: ServersSpec) -> None:
@@ -142,7 +143,7 @@ def run_experiment(
     cfg: ExperimentConfig, on_status: Callable[[str], None] = logger.info
 ) -> ExperimentOutcome:
     """Run the whole experiment; see the module docstring."""
-    out = default_output_dir(cfg)
+    out = default_output_dir(cfg.name, cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     outcome = ExperimentOutcome(out)

@@ -8,7 +8,6 @@ overlap, the /metrics deltas scraped around each arm's batches belong to that ar
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -21,7 +20,7 @@ from specserve.bench.compare import Comparison, compare
 from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
 from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
-from specserve.experiment.runner import served_model
+from specserve.experiment.runner import default_output_dir, served_model
 from specserve.server.launcher import ServerProcess
 from specserve.tune.config import ProposerSpec, TuneConfig
 from specserve.tune.recommend import Recommendation, SweepPoint, iid_expected_length, recommend
@@ -101,8 +100,7 @@ def points_from(
 
 
 def run_tune(cfg: TuneConfig, on_status: Callable[[str], None]) -> TuneOutcome:
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(cfg.output_dir) if cfg.output_dir else Path("results") / f"{cfg.name}-{stamp}"
+    out = default_output_dir(cfg.name, cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     outcome = TuneOutcome(out)
