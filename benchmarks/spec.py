@@ -31,6 +31,7 @@ import torch
 from specserve.commands.generate import make_proposer
 from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.loading import load_model
+from specserve.models.quant_cache import load_model_with_weights
 from specserve.sampling_params import SamplingParams
 from specserve.spec.draft_model import check_vocab_compatible
 from specserve.spec.generate import SpecGenerationResult, generate_speculative
@@ -95,6 +96,12 @@ def main() -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument(
+        "--draft-weights",
+        choices=["bf16", "fp32", "int8", "int4"],
+        default=None,
+        help="the draft's weight format (int8/int4: weight-only; default: --dtype)",
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
@@ -110,12 +117,20 @@ def main() -> int:
     target = load_model(args.target, dtype=dtype)
     draft = None
     if any(a.startswith("draft") for a in arms):
-        draft_lm = load_model(args.draft, dtype=dtype)
+        if args.draft_weights is None:
+            draft_lm = load_model(args.draft, dtype=dtype)
+        else:
+            act = dtype if args.draft_weights in ("int8", "int4") else None
+            draft_lm = load_model_with_weights(args.draft, args.draft_weights, dtype=act)
         check_vocab_compatible(
             target.arch.vocab_size, draft_lm.arch.vocab_size, target.tokenizer, draft_lm.tokenizer
         )
         draft = draft_lm.model
-    print(f"loaded {args.target} + {args.draft} ({args.dtype}) in {time.perf_counter() - t0:.0f} s")
+    dw = args.draft_weights or args.dtype
+    print(
+        f"loaded {args.target} ({args.dtype}) + {args.draft} ({dw}) "
+        f"in {time.perf_counter() - t0:.0f} s"
+    )
     tok = target.tokenizer
     eos = tuple(tok.eos_token_ids)
     params = SamplingParams(max_tokens=args.max_tokens)

@@ -103,6 +103,9 @@ class SpecConfig:
         ngram_min: shortest n-gram the prompt-lookup proposer matches.
         ngram_max: longest n-gram the prompt-lookup proposer matches.
         draft_num_layers: keep only the draft's first N layers (a cheaper, weaker draft).
+        draft_weights: the draft's weight format; None takes the target's (``ModelConfig``).
+            A quantised draft (``int4``) next to a bf16 target is the cheap-draft setting:
+            output stays the target's, only acceptance can drop.
     """
 
     method: SpecMethod = "none"
@@ -112,6 +115,7 @@ class SpecConfig:
     ngram_min: int = 2
     ngram_max: int = 4
     draft_num_layers: int | None = None
+    draft_weights: WeightFormat | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("none", "draft", "ngram", "suffix", "hybrid"):
@@ -126,6 +130,11 @@ class SpecConfig:
             raise ValueError(
                 f"draft_num_layers={self.draft_num_layers} needs a draft model and must be >= 1"
             )
+        if self.draft_weights is not None:
+            if not self.uses_draft_model:
+                raise ValueError(f"draft_weights given but method is {self.method!r}")
+            if self.draft_weights not in ("fp32", "bf16", "int8", "int4"):
+                raise ValueError(f"unknown draft weight format {self.draft_weights!r}")
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= 32):
             raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")

@@ -98,6 +98,11 @@ def register(subparsers: Any) -> None:
         help="weight format (int8/int4: weight-only, quantised once and cached); default: dtype",
     )
     p.add_argument(
+        "--draft-weights",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="the draft's weight format (default: --weights); e.g. int4 next to a bf16 target",
+    )
+    p.add_argument(
         "--draft-num-layers",
         type=int,
         help="keep only the draft's first N layers (a cheaper, weaker draft)",
@@ -130,6 +135,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=args.k_max,
             draft_num_layers=args.draft_num_layers,
+            draft_weights=args.draft_weights,
         ),
         seed=args.seed,
     )

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
+from specserve.config import EngineConfig, SchedulerConfig, SpecConfig, WeightFormat
 from specserve.engine.llm_engine import LLMEngine
 from specserve.models.decoder import DecoderLM
 from specserve.spec.k_controller import KController
@@ -108,8 +108,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
 
     dtype = DTYPES[config.model.dtype]
 
-    def load(spec: str):  # type: ignore[no-untyped-def]  # -> LoadedModel
-        weights = config.model.weights
+    def load(spec: str, weights: WeightFormat | None):  # type: ignore[no-untyped-def]  # -> LoadedModel
         if weights is None:
             return load_model(spec, dtype=dtype, device=config.model.device)
         # Weight formats (models/quant_cache.py): fp32/bf16 fix the dtype; int8/int4 are
@@ -119,11 +118,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         act = None if weights in ("fp32", "bf16") else dtype
         return load_model_with_weights(spec, weights, dtype=act, device=config.model.device)
 
-    target = load(config.model.model)
+    target = load(config.model.model, config.model.weights)
     draft = None
     if config.spec.uses_draft_model and config.spec.enabled:
         assert config.spec.draft_model is not None
-        draft_lm = load(config.spec.draft_model)
+        draft_lm = load(config.spec.draft_model, config.spec.draft_weights or config.model.weights)
         from specserve.spec.draft_model import check_vocab_compatible
 
         check_vocab_compatible(

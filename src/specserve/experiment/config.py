@@ -49,6 +49,11 @@ class ServersSpec(BaseModel):
     weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
         default=None, description="Weight format of both servers (default: the dtype's own)."
     )
+    draft_weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+        default="int4",
+        description="Weight format of the draft only (int4: weight-only, a ~8x cheaper step "
+        "than the bf16 target's; the output stays the target's). None: same as the target.",
+    )
     max_model_len: int = Field(default=2048, ge=64, description="Context limit of both servers.")
     max_num_seqs: int = Field(default=8, ge=1, description="Batch limit of both servers.")
     host: str = Field(default="127.0.0.1", description="Loopback address the servers bind.")
@@ -71,6 +76,8 @@ class ServersSpec(BaseModel):
             raise ValueError(
                 f"a draft model is only used with methods 'draft' and 'hybrid', not {self.method!r}"
             )
+        if not uses_draft:  # the default draft format means nothing without a draft
+            object.__setattr__(self, "draft_weights", None)
         if self.baseline_port is not None and self.baseline_port == self.speculative_port:
             raise ValueError("baseline_port and speculative_port must differ")
         if not self.host.startswith("127.") and self.host not in ("localhost", "::1"):
@@ -92,6 +99,8 @@ class ServersSpec(BaseModel):
             args += ["--spec-method", self.method]
             if self.draft is not None:
                 args += ["--draft-model", self.draft]
+            if self.draft_weights is not None:
+                args += ["--draft-weights", self.draft_weights]
             args += ["--num-speculative-tokens", str(self.num_speculative_tokens)]
         else:
             args += ["--spec-method", "none"]

@@ -40,6 +40,21 @@ def _packed_ok(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+_ALIGN = 64  # bytes; what PyTorch's CPU allocator guarantees
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or a contiguous copy when its data is not 64-byte aligned.
+
+    Tensors read from a safetensors file sit at the file's (8-byte aligned) offsets, and
+    ``_weight_int8pack_mm`` reads out of bounds (segfaults) on such a weight for some batch
+    sizes (seen with M = 4 on a 896 x 896 weight at offset 56 mod 64).
+    """
+    if t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 # ---------------------------------------------------------------- int8 ----------------------
 
 
@@ -70,8 +85,8 @@ class Int8Linear(nn.Module):
         self.qweight: torch.Tensor
         self.scale: torch.Tensor
         self.bias: torch.Tensor | None
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale.to(dtype))  # [N] in the compute dtype
+        self.register_buffer("qweight", _aligned(qweight))
+        self.register_buffer("scale", _aligned(scale.to(dtype)))  # [N] in the compute dtype
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
         self.use_packed = _packed_ok(qweight.device)
 

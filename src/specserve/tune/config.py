@@ -27,13 +27,16 @@ class ProposerSpec(BaseModel):
         ge=1,
         description="Keep only the draft's first N layers: a cheaper, weaker draft.",
     )
+    draft_weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+        default=None, description="Weight format of the draft (default: the target's)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ProposerSpec:
         uses_draft = self.method in ("draft", "hybrid")
         if uses_draft and not self.draft:
             raise ValueError(f"proposer {self.name!r}: method {self.method!r} needs a draft model")
-        if not uses_draft and (self.draft or self.draft_num_layers):
+        if not uses_draft and (self.draft or self.draft_num_layers or self.draft_weights):
             raise ValueError(f"proposer {self.name!r}: draft settings need a draft method")
         return self
 
@@ -43,12 +46,17 @@ class ProposerSpec(BaseModel):
             args += ["--draft-model", self.draft]
         if self.draft_num_layers:
             args += ["--draft-num-layers", str(self.draft_num_layers)]
+        if self.draft_weights:
+            args += ["--draft-weights", self.draft_weights]
         return args
 
 
 def _default_proposers() -> tuple[ProposerSpec, ...]:
     return (
         ProposerSpec(name="draft-0.5b", method="draft", draft=DEFAULT_DRAFT),
+        ProposerSpec(
+            name="draft-0.5b-int4", method="draft", draft=DEFAULT_DRAFT, draft_weights="int4"
+        ),
         ProposerSpec(name="draft-0.5b-6L", method="draft", draft=DEFAULT_DRAFT, draft_num_layers=6),
         ProposerSpec(name="ngram", method="ngram"),
         ProposerSpec(name="suffix", method="suffix"),

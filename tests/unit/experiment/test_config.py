@@ -30,6 +30,17 @@ def test_arms_differ_only_in_speculation() -> None:
     assert base[: base.index("--spec-method")] == spec[: spec.index("--spec-method")]
     assert base[base.index("--spec-method") + 1] == "none"
     assert spec[spec.index("--draft-model") + 1] == DEFAULT_DRAFT
+    assert spec[spec.index("--draft-weights") + 1] == "int4"  # the cheap draft is the default
+    assert "--draft-weights" not in base and "--weights" not in base
+
+
+def test_draft_weights_follow_the_method() -> None:
+    from specserve.experiment.config import ServersSpec
+
+    assert ServersSpec(method="ngram").draft_weights is None
+    assert "--draft-weights" not in ServersSpec(method="ngram").serve_args(speculative=True)
+    same = ServersSpec(method="draft", draft_weights=None).serve_args(speculative=True)
+    assert "--draft-weights" not in same
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -78,6 +78,23 @@ def test_int8_linear_packed_matches_fallback_and_reference(dtype: torch.dtype, b
     assert _rel_err(y_fallback, ref) < tol
 
 
+def test_int8_linear_copies_a_misaligned_weight() -> None:
+    # A weight read from a safetensors file sits at an 8-byte aligned offset; the packed
+    # int8 kernel segfaulted on such a weight (896 x 896 at offset 56 mod 64, 4 rows).
+    torch.manual_seed(2)
+    q, s = quantize_int8(torch.randn(896, 896))
+    buf = torch.empty(q.numel() + 64, dtype=torch.int8)
+    offset = (56 - buf.data_ptr()) % 64
+    misaligned = buf[offset : offset + q.numel()].view(896, 896)
+    misaligned.copy_(q)
+    assert misaligned.data_ptr() % 64 == 56
+    layer = Int8Linear(misaligned, s, None, torch.bfloat16)
+    assert layer.qweight.data_ptr() % 64 == 0 and layer.scale.data_ptr() % 64 == 0
+    x = torch.randn(4, 896, dtype=torch.bfloat16)
+    ref = x.float() @ (q.float() * s[:, None]).T
+    assert _rel_err(layer(x), ref) < 3e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("out_features", [48, 40])  # 40: padded to 48 for the packed kernel
 def test_int4_linear_packed_matches_fallback_and_reference(

@@ -65,6 +65,15 @@ def test_weights_and_truncated_draft_reach_the_engine_config() -> None:
     assert config.spec.draft_num_layers == 6
 
 
+def test_draft_weights_reach_the_spec_config_and_need_a_draft() -> None:
+    argv = ["serve", "--model", "t", "--dtype", "bfloat16", "--draft-model", "d"]
+    config = engine_config_from_args(build_parser().parse_args([*argv, "--draft-weights", "int4"]))
+    assert config.spec.draft_weights == "int4" and config.model.weights is None
+    no_draft = ["serve", "--model", "t", "--spec-method", "ngram", "--draft-weights", "int4"]
+    with pytest.raises(ValueError, match="draft_weights given but method is 'ngram'"):
+        engine_config_from_args(build_parser().parse_args(no_draft))
+
+
 def test_truncated_draft_needs_a_draft_model() -> None:
     args = build_parser().parse_args(["serve", "--model", "t", "--draft-num-layers", "6"])
     with pytest.raises(ValueError, match="draft_num_layers=6 needs a draft model"):

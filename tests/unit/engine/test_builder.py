@@ -1,0 +1,43 @@
+"""``build_engine`` loads the target and the draft in their own weight formats (a quantised
+draft next to a bf16/fp32 target), and the output stays the target's."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from specserve.config import EngineConfig, ModelConfig, SpecConfig
+from specserve.engine.builder import build_engine
+from specserve.models.quant import Int8Linear
+from specserve.sampling_params import SamplingParams
+from specserve.spec.draft_model import DraftModelProposer
+
+
+def _greedy(config: EngineConfig, prompt: list[int]) -> tuple[list[int], object]:
+    engine = build_engine(config)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    out: list[int] = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            out += o.new_token_ids
+    return out, engine
+
+
+def test_int8_draft_next_to_an_fp32_target_keeps_the_targets_output(smollm2) -> None:  # type: ignore[no-untyped-def]
+    prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
+    model = ModelConfig(model="smollm2-135m-instruct", dtype="float32")
+    plain, _ = _greedy(EngineConfig(model=model), prompt)
+    spec = SpecConfig(
+        method="draft",
+        draft_model="smollm2-135m-instruct",
+        num_speculative_tokens=3,
+        draft_weights="int8",
+    )
+    out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
+    assert out == plain  # fp32 target verifies: lossless whatever the draft's format
+    proposer = engine.proposer  # type: ignore[attr-defined]
+    assert isinstance(proposer, DraftModelProposer)
+    draft_down = proposer.model.get_submodule("model.layers.0.mlp.down_proj")
+    target_down = engine.model.get_submodule("model.layers.0.mlp.down_proj")  # type: ignore[attr-defined]
+    assert isinstance(draft_down, Int8Linear)
+    assert type(target_down) is nn.Linear
+    assert engine.spec.draft_weights == "int8"  # type: ignore[attr-defined]

@@ -1,0 +1,33 @@
+"""Proposer specs of ``specserve tune`` turn into the right `specserve serve` arguments."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from specserve.tune.config import ProposerSpec
+
+
+def test_draft_settings_become_serve_arguments() -> None:
+    spec = ProposerSpec(
+        name="d", method="draft", draft="m", draft_num_layers=6, draft_weights="int4"
+    )
+    args = spec.serve_args(k_max=7)
+    assert args[args.index("--num-speculative-tokens") + 1] == "7"
+    assert args[args.index("--draft-model") + 1] == "m"
+    assert args[args.index("--draft-num-layers") + 1] == "6"
+    assert args[args.index("--draft-weights") + 1] == "int4"
+    assert "--draft-weights" not in ProposerSpec(name="d", method="draft", draft="m").serve_args(3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"method": "ngram", "draft_weights": "int4"}, "draft settings need a draft method"),
+        ({"method": "draft"}, "needs a draft model"),
+        ({"method": "draft", "draft": "m", "draft_weights": "int3"}, "draft_weights"),
+    ],
+)
+def test_bad_proposers_are_refused(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle):
+        ProposerSpec(name="p", **kwargs)  # type: ignore[arg-type]
