@@ -110,6 +110,31 @@ class Attention(nn.Module):
         kv: KVCacheTensors,
     ) -> torch.Tensor:
         b, t, _ = x.shape
+        q, keys, values = self.project_and_cache(x, cos, sin, meta, kv)
+        out = self.attend(
+            q.transpose(1, 2),  # [B, nh, T, hd]
+            keys.transpose(1, 2),  # [B, nkv, S, hd]
+            values.transpose(1, 2),
+            mask,
+        )  # [B, nh, T, hd]
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def project_and_cache(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVCacheTensors,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project ``x # [B, T, hidden]`` to queries, keys and values, apply the optional
+        q/k norms and RoPE, write this chunk's keys and values to the KV cache and gather the
+        request's whole context back.
+
+        Returns:
+            ``(q # [B, T, nh, hd], keys # [B, S, nkv, hd], values # [B, S, nkv, hd])``.
+        """
+        b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
@@ -125,14 +150,16 @@ class Attention(nn.Module):
             v.reshape(b * t, *v.shape[2:]),
         )
         keys, values = kv.gather(self.layer_idx, meta.context_slots)  # [B, S, nkv, hd]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),  # [B, nh, T, hd]
-            keys.transpose(1, 2),  # [B, nkv, S, hd]
-            values.transpose(1, 2),
-            attn_mask=mask,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [B, nh, T, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return q, keys, values
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Scaled dot-product attention of ``q # [B, nh, T, hd]`` over
+        ``k, v # [B, nkv, S, hd]``; returns ``[B, nh, T, hd]``."""
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
 
 
 class MLP(nn.Module):

@@ -18,17 +18,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.kv_cache.cache_tensors import KVCacheTensors
-from specserve.models.decoder import Attention, AttentionMetadata, apply_rotary
+from specserve.models.decoder import Attention
 
 
-class RowwiseAttention(nn.Module):
+class RowwiseAttention(Attention):
     """Same parameters and results as :class:`Attention` (decoder.py), but chunks of at most
     ``max_rows`` query tokens run one row at a time. The projection modules are the original
     ones, under the same names, so state dicts are unchanged."""
 
     def __init__(self, attn: Attention, max_rows: int = 16) -> None:
-        super().__init__()
+        # Adopts ``attn``'s modules instead of building new ones, so Attention.__init__
+        # is skipped on purpose.
+        nn.Module.__init__(self)
         self.layer_idx = attn.layer_idx
         self.num_heads = attn.num_heads
         self.num_kv_heads = attn.num_kv_heads
@@ -38,43 +39,18 @@ class RowwiseAttention(nn.Module):
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.max_rows = max_rows
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        meta: AttentionMetadata,
-        mask: torch.Tensor,
-        kv: KVCacheTensors,
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        # Mirrors Attention.forward in decoder.py up to the SDPA call; keep the two in step.
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        kv.write(
-            self.layer_idx,
-            meta.slot_mapping.reshape(-1),
-            k.reshape(b * t, *k.shape[2:]),
-            v.reshape(b * t, *v.shape[2:]),
-        )
-        keys, values = kv.gather(self.layer_idx, meta.context_slots)  # [B, S, nkv, hd]
-        q_t = q.transpose(1, 2)  # [B, nh, T, hd]
-        k_t, v_t = keys.transpose(1, 2), values.transpose(1, 2)  # [B, nkv, S, hd]
+        """As :meth:`Attention.attend`, one query row at a time for short chunks."""
+        t = q.shape[2]
+        if not 1 < t <= self.max_rows:
+            return super().attend(q, k, v, mask)
         gqa = self.num_heads != self.num_kv_heads
-        if 1 < t <= self.max_rows:
-            rows = [
-                F.scaled_dot_product_attention(
-                    q_t[:, :, i : i + 1], k_t, v_t, attn_mask=mask[:, :, i : i + 1], enable_gqa=gqa
-                )
-                for i in range(t)
-            ]
-            out = torch.cat(rows, dim=2)  # [B, nh, T, hd]
-        else:
-            out = F.scaled_dot_product_attention(q_t, k_t, v_t, attn_mask=mask, enable_gqa=gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        rows = [
+            F.scaled_dot_product_attention(
+                q[:, :, i : i + 1], k, v, attn_mask=mask[:, :, i : i + 1], enable_gqa=gqa
+            )
+            for i in range(t)
+        ]
+        return torch.cat(rows, dim=2)  # [B, nh, T, hd]
