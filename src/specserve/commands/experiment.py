@@ -6,12 +6,14 @@ import argparse
 import sys
 
 from specserve.commands.signals import start_long_run
+from specserve.commands.study import add_study_parser, load_study_config
 from specserve.experiment.config import ExperimentConfigError, load_config
 from specserve.server.launcher import ServerDiedError, ServerStartError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    add_study_parser(
+        subparsers,
         "experiment",
         help="run the baseline-vs-speculative A/B study (default: the embedded models)",
         description=(
@@ -20,21 +22,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "prompts at temperature 0, and write results, a comparison table and an HTML "
             "report. With no CONFIG the embedded default study runs."
         ),
+        config_help="experiment YAML (see docs/experiment.md)",
+        run=run,
     )
-    p.add_argument("config", nargs="?", help="experiment YAML (see docs/experiment.md)")
-    p.add_argument("--output-dir", help="results folder (overrides the config)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     status = start_long_run()
-    try:
-        cfg = load_config(args.config)
-    except ExperimentConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = load_study_config(args, load_config, ExperimentConfigError)
+    if cfg is None:
         return 2
-    if args.output_dir:
-        cfg = cfg.model_copy(update={"output_dir": args.output_dir})
 
     from specserve.experiment.headline import headline_text
     from specserve.experiment.runner import default_output_dir, run_experiment

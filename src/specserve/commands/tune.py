@@ -6,11 +6,13 @@ import argparse
 import sys
 
 from specserve.commands.signals import start_long_run
+from specserve.commands.study import add_study_parser, load_study_config
 from specserve.tune.config import TuneConfigError, load_tune_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    add_study_parser(
+        subparsers,
         "tune",
         help="sweep proposer/draft × k × concurrency and recommend k",
         description=(
@@ -19,21 +21,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "every k against the baseline side by side, and write tune.json and tune.html "
             "with acceptance and speedup vs k and the recommended k per category."
         ),
+        config_help="tune YAML (default: the embedded sweep)",
+        run=run,
     )
-    p.add_argument("config", nargs="?", help="tune YAML (default: the embedded sweep)")
-    p.add_argument("--output-dir", help="results folder (overrides the config)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     status = start_long_run()
-    try:
-        cfg = load_tune_config(args.config)
-    except TuneConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    cfg = load_study_config(args, load_tune_config, TuneConfigError)
+    if cfg is None:
         return 2
-    if args.output_dir:
-        cfg = cfg.model_copy(update={"output_dir": args.output_dir})
 
     from specserve.server.launcher import ServerDiedError, ServerStartError
     from specserve.tune.sweep import run_tune
