@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from specserve.engine.generate import generate_plain
+from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 
@@ -84,6 +85,21 @@ def decode_bytes_per_token(model: DecoderLM) -> int:
     return total
 
 
+def arm_of_runs(
+    name: str, runs: Iterable[GenerationResult], bytes_per_token: int | None = None
+) -> ArmResult:
+    """An arm from one in-process generation per prompt (``runs`` may be lazy: each run is
+    made as it is collected), with the target forwards of each."""
+    arm = ArmResult(name, num_forwards=[], bytes_per_token=bytes_per_token)
+    for r in runs:
+        arm.token_ids.append(r.token_ids)
+        arm.decode_s.append(r.decode_s)
+        arm.prefill_s.append(r.prefill_s)
+        assert arm.num_forwards is not None
+        arm.num_forwards.append(r.num_target_forwards)
+    return arm
+
+
 def run_specserve_plain(
     name: str,
     model: DecoderLM,
@@ -91,15 +107,9 @@ def run_specserve_plain(
     params: SamplingParams,
     eos: tuple[int, ...],
 ) -> ArmResult:
-    arm = ArmResult(name, num_forwards=[], bytes_per_token=decode_bytes_per_token(model))
-    for ids in prompts:
-        r = generate_plain(model, ids, params, eos)
-        arm.token_ids.append(r.token_ids)
-        arm.decode_s.append(r.decode_s)
-        arm.prefill_s.append(r.prefill_s)
-        assert arm.num_forwards is not None
-        arm.num_forwards.append(r.num_target_forwards)
-    return arm
+    bytes_per_token = decode_bytes_per_token(model)
+    runs = (generate_plain(model, ids, params, eos) for ids in prompts)
+    return arm_of_runs(name, runs, bytes_per_token)
 
 
 def run_specserve_spec(
@@ -114,18 +124,14 @@ def run_specserve_spec(
     """Unfused speculative loop (``spec/generate.py``); ``k`` an int or a controller factory."""
     from specserve.spec.generate import generate_speculative
 
-    arm = ArmResult(name, num_forwards=[])
-    for i, ids in enumerate(prompts):
-        kk = k() if callable(k) else k
-        r = generate_speculative(
-            target, proposer_factory(), ids, params, eos, kk, request_id=str(i)
-        )
-        arm.token_ids.append(r.token_ids)
-        arm.decode_s.append(r.decode_s)
-        arm.prefill_s.append(r.prefill_s)
-        assert arm.num_forwards is not None
-        arm.num_forwards.append(r.num_target_forwards)
-    return arm
+    def runs() -> Iterator[GenerationResult]:
+        for i, ids in enumerate(prompts):
+            kk = k() if callable(k) else k
+            yield generate_speculative(
+                target, proposer_factory(), ids, params, eos, kk, request_id=str(i)
+            )
+
+    return arm_of_runs(name, runs())
 
 
 def run_specserve_fused(
@@ -139,15 +145,8 @@ def run_specserve_fused(
 ) -> ArmResult:
     from specserve.models.fused_step import generate_fused_greedy
 
-    arm = ArmResult(name, num_forwards=[])
-    for ids in prompts:
-        r = generate_fused_greedy(target, draft, ids, params, eos, k)
-        arm.token_ids.append(r.token_ids)
-        arm.decode_s.append(r.decode_s)
-        arm.prefill_s.append(r.prefill_s)
-        assert arm.num_forwards is not None
-        arm.num_forwards.append(r.num_target_forwards)
-    return arm
+    runs = (generate_fused_greedy(target, draft, ids, params, eos, k) for ids in prompts)
+    return arm_of_runs(name, runs)
 
 
 def hf_from_decoder(model: DecoderLM):  # type: ignore[no-untyped-def]
