@@ -27,6 +27,11 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), line(["---"] * len(header)), *map(line, rows)])
 
 
+def _section(title: str, *body: str) -> list[str]:
+    """The lines of a ``## title`` section: heading, blank line, ``body``, blank line."""
+    return [f"## {title}", "", *body, ""]
+
+
 def render_markdown(results: Sequence[BenchResult], comparison: Comparison | None) -> str:
     """The Markdown report; latencies in ms, definitions in docs/metrics.md."""
     out = [
@@ -36,14 +41,8 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
         "llmperf-style ITL = E2E / chunks (includes TTFT, one token per chunk), for "
         "comparison with published llmperf numbers only.",
         "",
-        "## Runs",
-        "",
-        md_table(RUN_HEADER, run_rows(results)),
-        "",
-        "## Per category",
-        "",
-        md_table(CATEGORY_HEADER, category_rows(results)),
-        "",
+        *_section("Runs", md_table(RUN_HEADER, run_rows(results))),
+        *_section("Per category", md_table(CATEGORY_HEADER, category_rows(results))),
     ]
     acc_rows = [
         [r.label, r.load_name, ", ".join(num(a) for a in r.acceptance.per_position) or "–"]
@@ -51,25 +50,18 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
         if r.acceptance.available
     ]
     if acc_rows:
-        out += [
-            "## Acceptance per position",
-            "",
+        out += _section(
+            "Acceptance per position",
             md_table(["arm", "load", "α per position (0..k−1)"], acc_rows),
-            "",
-        ]
+        )
     if comparison is not None:
-        out += [
-            f"## Comparison with baseline `{comparison.baseline}`",
-            "",
+        out += _section(
+            f"Comparison with baseline `{comparison.baseline}`",
             "speedup = ratio of medians (> 1: candidate better), bootstrap 95 % CI over requests.",
             "",
             md_table(COMPARE_HEADER, compare_rows(comparison)),
-            "",
-            "## Output parity",
-            "",
-            md_table(PARITY_HEADER, parity_rows(comparison)),
-            "",
-        ]
+        )
+        out += _section("Output parity", md_table(PARITY_HEADER, parity_rows(comparison)))
         out += ["## Regressions", ""]
         out += [f"- {note}" for note in comparison.regressions] or ["none flagged"]
         out.append("")
