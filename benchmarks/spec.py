@@ -62,7 +62,16 @@ SUITES: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
-ARMS = ["plain", "draft-k3", "draft-k5", "draft-auto", "ngram-k8", "ngram-auto", "suffix-k8"]
+ARMS = [
+    "plain",
+    "draft-k3",
+    "draft-k5",
+    "draft-auto",
+    "hybrid-auto",
+    "ngram-k8",
+    "ngram-auto",
+    "suffix-k8",
+]
 
 
 @dataclass
@@ -116,7 +125,7 @@ def main() -> int:
     t0 = time.perf_counter()
     target = load_model(args.target, dtype=dtype)
     draft = None
-    if any(a.startswith("draft") for a in arms):
+    if any(a.startswith(("draft", "hybrid")) for a in arms):
         if args.draft_weights is None:
             draft_lm = load_model(args.draft, dtype=dtype)
         else:

@@ -16,11 +16,13 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from specserve.config import WeightFormat
 from specserve.models.quant import DEFAULT_GROUP_SIZE
@@ -81,6 +83,29 @@ def _save_atomic(path: Path, state: dict[str, torch.Tensor]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+class _LazyTensors(Mapping[str, torch.Tensor]):
+    """The tensors of a safetensors file, each read only when asked for.
+
+    ``apply_quantized`` builds one layer at a time, so reading lazily keeps a single layer's
+    portable tensors in memory next to the packed model instead of the whole file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._file: Any = safe_open(str(path), framework="pt")
+        self._names = list(self._file.keys())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._file.get_tensor(name)  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def load_model_with_weights(
     spec: str | Path,
     weights: WeightFormat = "bf16",
@@ -114,8 +139,9 @@ def load_model_with_weights(
     assert weights in QUANT_FORMATS
     path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
     t0 = time.perf_counter()
+    state: Mapping[str, torch.Tensor]
     if path is not None and path.is_file():
-        state = load_file(str(path))
+        state = _LazyTensors(path)
         logger.info("read %s weights of %s from %s", weights, lm.name, path)
     else:
         state = quantize_weights(lm.model, weights, group_size)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -86,7 +87,7 @@ def quantize_weights(
 def apply_quantized(
     model: DecoderLM,
     fmt: QuantFormat,
-    state: dict[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
     group_size: int = DEFAULT_GROUP_SIZE,
 ) -> DecoderLM:
     """Replace ``model``'s linears and embedding by quantised modules built from ``state``.
