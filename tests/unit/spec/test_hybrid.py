@@ -1,4 +1,4 @@
-"""HybridProposer: suffix drafts where the trie is confident, the draft model elsewhere."""
+"""HybridProposer: suffix drafts where they get accepted, the draft model elsewhere."""
 
 from __future__ import annotations
 
@@ -58,3 +58,48 @@ def test_release_forgets_both_states_and_bad_threshold() -> None:
     hybrid.release("never-seen")
     with pytest.raises(ValueError, match="min_suffix_tokens"):
         HybridProposer(SuffixProposer(), hybrid.draft, min_suffix_tokens=0)
+    with pytest.raises(ValueError, match="suffix_margin"):
+        HybridProposer(SuffixProposer(), hybrid.draft, suffix_margin=1.5)
+    assert hybrid.suffix_rate("x") is None
+
+
+def test_a_suffix_that_keeps_missing_hands_over_to_the_model_and_recovers() -> None:
+    hybrid = _hybrid()
+    # The trie confidently drafts an old continuation of "1 2" that the target rejects at
+    # the first token, while the target accepts whatever the draft model proposes.
+    tokens = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
+    sources = []
+    for n in range(6, 14):
+        before = hybrid.num_suffix_drafts
+        (p,) = hybrid.propose([_inp("c", tokens)])
+        if hybrid.num_suffix_drafts > before:
+            sources.append("suffix")
+            tokens += [n, 1, 2]  # rejected at its first token
+        else:
+            sources.append("model")
+            tokens += [*p.draft_token_ids, n]  # all accepted, plus the bonus token
+    assert sources[0] == "suffix" and sources[-4:] == ["model"] * 4
+    rate = hybrid.suffix_rate("c")
+    assert rate is not None and rate < 0.5
+    suffix_before = hybrid.num_suffix_drafts
+    # The output turns repetitive: the suffix's shadow drafts get confirmed, its rate
+    # recovers and it serves the request again.
+    period = [20, 21, 22, 23, 24, 25]
+    tokens += period * 2
+    for _ in range(12):
+        hybrid.propose([_inp("c", tokens)])
+        tokens += period[:2]
+        period = period[2:] + period[:2]
+    assert hybrid.num_suffix_drafts > suffix_before
+    rate = hybrid.suffix_rate("c")
+    assert rate is not None and rate > 0.8
+
+
+def test_repetitive_request_keeps_the_suffix() -> None:
+    hybrid = _hybrid()
+    tokens = [1, 2, 3, 4, 5] * 4
+    for _ in range(6):
+        (p,) = hybrid.propose([_inp("r", tokens)])
+        assert p.draft_token_ids == [1, 2, 3, 4]
+        tokens += [1, 2, 3, 4, 5]  # all four accepted, then the bonus token
+    assert hybrid.num_model_drafts == 0 and hybrid.num_suffix_drafts == 6
