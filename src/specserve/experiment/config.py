@@ -35,9 +35,10 @@ class ServersSpec(BaseModel):
         description=f"Draft model for method 'draft' (same tokenizer); default {DEFAULT_DRAFT}.",
     )
     method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(
-        default="hybrid",
-        description="Proposer of the speculative server (hybrid: suffix drafts when confident, "
-        "the draft model otherwise).",
+        default="draft",
+        description="Proposer of the speculative server (draft: the draft model, as in the "
+        "reference study; hybrid: suffix drafts where they get accepted, the draft model "
+        "otherwise).",
     )
     num_speculative_tokens: int | Literal["auto"] = Field(
         default="auto",
