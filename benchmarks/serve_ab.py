@@ -32,6 +32,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument(
+        "--draft-weights",
+        default="int4",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="the draft's weight format (the target stays --dtype)",
+    )
     p.add_argument("--num-speculative-tokens", default="auto", help="k or 'auto'")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--concurrency", default="1,2,4,8", help="comma list")
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     common = ["--model", args.model, "--dtype", args.dtype, "--max-model-len",
               str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
-    spec = [*common, "--draft-model", args.draft_model,
+    spec = [*common, "--draft-model", args.draft_model, "--draft-weights", args.draft_weights,
             "--num-speculative-tokens", args.num_speculative_tokens]  # fmt: skip
     t0 = time.perf_counter()
     # Started one after the other (loading is CPU-heavy); both stay up for the A/B batches.

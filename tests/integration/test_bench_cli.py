@@ -122,6 +122,10 @@ def test_bench_single_endpoint_open_loop(tmp_path: Path) -> None:
         (["--model", "m", "--base-url", "http://x", "--max-concurrency", "2"], "(open loop) only"),
         (["--model", "m", "--base-url", "x:1"], "http://"),
         (["--model", "m", "--base-url", "http://x", "--suite", "nope"], "unknown suite"),
+        (
+            ["--model", "m", "--base-url", "http://x", "--tokenizer", "no-such-model"],
+            "--tokenizer: model 'no-such-model' is neither a catalog name",
+        ),
     ],
 )
 def test_bench_bad_arguments(

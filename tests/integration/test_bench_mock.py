@@ -130,6 +130,22 @@ def test_server_ignoring_stream_options_is_counted_from_text_and_flagged() -> No
     assert result.summary["*"].tokens_estimated == 6
 
 
+def test_server_ignoring_stream_options_is_counted_with_the_given_tokenizer(smollm2) -> None:  # type: ignore[no-untyped-def]
+    with serve_in_thread(
+        MockConfig(ttft_ms=2, itl_ms=1, output_tokens=9, ignore_stream_options=True)
+    ) as server:
+        result = run_benchmark(
+            spec(f"http://127.0.0.1:{server.port}", tokenizer="smollm2-135m-instruct")
+        )
+    for r in ok_records(result):
+        expected = len(smollm2.tokenizer.encode(r.output_text, add_special_tokens=False))
+        assert r.tokens_from_tokenizer and not r.tokens_estimated
+        assert r.num_tokens == expected and sum(r.tokens_per_chunk) == expected
+        assert r.chunk_tokens_estimated  # per-chunk counts are apportioned by text length
+    assert result.summary["*"].tokens_from_tokenizer == 6
+    assert result.summary["*"].tokens_estimated == 0
+
+
 def test_no_usage_but_length_finish_gives_exact_n() -> None:
     with serve_in_thread(
         MockConfig(

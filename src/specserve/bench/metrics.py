@@ -3,7 +3,9 @@
 Per request, with t = chunk arrival time − send time:
     token chunk: a chunk that carries at least one output token.
     n: usage.completion_tokens when reported, else max_tokens when the server finished with
-        ``finish_reason: "length"``, else Σ chunk tokens (``tokens_estimated``).
+        ``finish_reason: "length"``, else the output text's length in tokens of the run's
+        tokenizer when one is given (``tokens_from_tokenizer``), else Σ chunk tokens
+        (``tokens_estimated``).
     TTFT = t(first token chunk);  E2E = t(last token chunk);  TPOT = (E2E − TTFT) / (n − 1).
     ICL (inter-chunk latency) = gaps between consecutive token chunks.
     per-token ITL = each gap / tokens in the chunk ending it, repeated once per token, so the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -81,12 +83,22 @@ def _apportion(total: int, weights: list[int]) -> list[int]:
     return counts
 
 
-def derive(record: RequestRecord) -> RequestRecord:
-    """Fill the derived fields of ``record`` from its raw chunks (in place; returns it)."""
+def derive(
+    record: RequestRecord, count_tokens: Callable[[str], int] | None = None
+) -> RequestRecord:
+    """Fill the derived fields of ``record`` from its raw chunks (in place; returns it).
+
+    ``count_tokens`` (text -> tokens, e.g. the served model's tokenizer) counts n when the
+    server reported no usage, instead of estimating it from words.
+    """
     record.queue_s = max(0, record.send_ns - record.scheduled_ns) / 1e9
     known = record.usage_completion_tokens
     if known is None and record.finish_reason == "length" and record.max_tokens and record.ok:
         known = record.max_tokens  # the server said it stopped at max_tokens
+    record.tokens_from_tokenizer = False
+    if known is None and count_tokens is not None and record.ok and record.output_text:
+        known = count_tokens(record.output_text)
+        record.tokens_from_tokenizer = True
     counts, apportioned, estimated = chunk_token_counts(record.chunks, known)
     token_chunks = [(c.t_ns, k) for c, k in zip(record.chunks, counts, strict=True) if k > 0]
     record.chunk_tokens_estimated = apportioned
@@ -161,6 +173,9 @@ class CategorySummary(BaseModel):
         description="llmperf-compatible ITL: E2E / chunks (includes TTFT, 1 token per chunk)."
     )
     tokens_estimated: int = Field(description="Requests whose n was estimated from text.")
+    tokens_from_tokenizer: int = Field(
+        default=0, description="Requests whose n was counted with the run's tokenizer."
+    )
 
 
 def summarize(records: Sequence[RequestRecord]) -> CategorySummary:
@@ -185,4 +200,5 @@ def summarize(records: Sequence[RequestRecord]) -> CategorySummary:
             [r.e2e_s / len(r.tokens_per_chunk) for r in ok if r.e2e_s and r.tokens_per_chunk]
         ),
         tokens_estimated=sum(r.tokens_estimated for r in ok),
+        tokens_from_tokenizer=sum(r.tokens_from_tokenizer for r in ok),
     )

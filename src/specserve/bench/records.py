@@ -55,6 +55,9 @@ class RequestRecord(BaseModel):
         default=False, description="n counted from text, not from usage."
     )
     chunk_tokens_estimated: bool = Field(default=False, description="Per-chunk tokens apportioned.")
+    tokens_from_tokenizer: bool = Field(
+        default=False, description="n counted with the run's tokenizer (the server sent no usage)."
+    )
     ttft_s: float | None = None
     e2e_s: float | None = None
     tpot_s: float | None = None

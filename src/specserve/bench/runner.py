@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -126,11 +127,21 @@ def _result(arm: Arm, prompts_hash: str, num_prompts: int, started: str) -> Benc
     return result_from_records(arm.spec, arm.records, acceptance, manifest)
 
 
+@functools.lru_cache(maxsize=4)
+def token_counter(name: str) -> Callable[[str], int]:
+    """``text -> number of tokens`` under the tokenizer of model ``name`` (loaded once)."""
+    from specserve.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(name)
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
 def result_from_records(
     spec: BenchSpec, records: Sequence[RequestRecord], acceptance: Acceptance, manifest: Manifest
 ) -> BenchResult:
     """Derive metrics of ``records`` and summarise them into the result of ``spec``'s arm."""
-    records = [derive(r) for r in records]
+    count = token_counter(spec.tokenizer) if spec.tokenizer else None
+    records = [derive(r, count) for r in records]
     measured = [r for r in records if not r.warmup]
     by_cat: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in measured:

@@ -130,6 +130,11 @@ class BenchSpec(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0, description="Per-request read/connect timeout.")
     max_drift: float = Field(default=0.05, ge=0, description="Flag when achieved load drifts more.")
     progress: bool = Field(default=False, description="Show a progress bar on stderr.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Count output tokens with this tokenizer (catalog name, .gguf file, HF "
+        "directory or repo id) when the server reports no usage; default: estimate from text.",
+    )
 
     @model_validator(mode="after")
     def _check_bound(self) -> BenchSpec:

@@ -49,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--endpoint", choices=["completions", "chat"], default="chat")
     target.add_argument("--metrics-url", help="Prometheus URL (default <root>/metrics; 'none')")
     target.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    target.add_argument(
+        "--tokenizer",
+        help="count output tokens with this model's tokenizer (catalog name, .gguf, HF dir or "
+        "repo id) when a server sends no usage (default: estimate from the text)",
+    )
     work = p.add_argument_group("workload")
     work.add_argument(
         "--suite",
@@ -161,6 +166,7 @@ def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
                 timeout_s=args.timeout,
                 max_drift=args.max_drift,
                 progress=not args.no_progress,
+                tokenizer=args.tokenizer,
             )
             for label, url, model in _arms(args)
         ]
@@ -174,6 +180,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ValidationError) as e:
         print(f"specserve bench: error: {e}", file=sys.stderr)
         return 2
+    if args.tokenizer:  # load it before any request is sent: a bad name fails fast
+        from specserve.bench.runner import token_counter
+
+        try:
+            token_counter(args.tokenizer)
+        except (ValueError, OSError, RuntimeError) as e:  # the loaders' error families
+            print(f"specserve bench: error: --tokenizer: {e}", file=sys.stderr)
+            return 2
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.output or f"bench-results/{stamp}")
     results: list[BenchResult] = []

@@ -11,7 +11,7 @@ from specserve.loading.errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from specserve.loading.loader import LoadedModel, load_model
+from specserve.loading.loader import LoadedModel, load_model, load_tokenizer
 from specserve.loading.tokenizer import Tokenizer
 from specserve.loading.transport import TransportError
 
@@ -29,4 +29,5 @@ __all__ = [
     "TransportError",
     "UnsupportedModelError",
     "load_model",
+    "load_tokenizer",
 ]

@@ -135,6 +135,45 @@ def _load_hf_dir(path: Path, name: str, dtype: torch.dtype, device: torch.device
     return LoadedModel(model, tokenizer, arch, name, path)
 
 
+def _gguf_tokenizer(path: Path) -> Tokenizer:
+    cached = weight_cache.cache_dir_for(path) / "tokenizer"
+    if cached.is_dir():
+        return Tokenizer.load(cached)
+    gguf = GGUFFile(path)
+    return Tokenizer.from_gguf(gguf.tokenizer_data())
+
+
+def _resolve(name: str) -> tuple[str, Path]:
+    """Where a model spec points: (``gguf`` | ``hf``, path); catalog models are fetched and
+    repo ids downloaded here."""
+    if name in CATALOG:
+        return "gguf", fetch(CATALOG[name])
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
+        return "gguf", path
+    if path.is_dir():
+        return "hf", path
+    looks_like_path = name.startswith((".", "/", "~")) or name.endswith(".gguf")
+    if not looks_like_path and _REPO_ID.match(name):
+        return "hf", hub_snapshot(name, _offline_hint())
+    raise ModelNotFoundError(
+        f"model {name!r} is neither a catalog name nor an existing path; try {_offline_hint()}"
+    )
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """Only the tokenizer of a model named like :func:`load_model`'s ``spec`` (no weights
+    are read: a GGUF's tokenizer comes from the cache or the file's metadata).
+
+    Raises:
+        the errors of :func:`load_model` that concern finding and reading the model.
+    """
+    kind, path = _resolve(str(spec))
+    return _gguf_tokenizer(path) if kind == "gguf" else hf_tokenizer(path)
+
+
 def load_model(
     spec: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
@@ -154,18 +193,7 @@ def load_model(
     dev = torch.device(device)
     weight_cache.dtype_name(dtype)  # validates the dtype early
     name = str(spec)
-    if name in CATALOG:
-        return _load_gguf(fetch(CATALOG[name]), name, dtype, dev)
-    path = Path(name).expanduser()
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise UnsupportedModelError(f"{path} is a file but not a .gguf file")
+    kind, path = _resolve(name)
+    if kind == "gguf":
         return _load_gguf(path, name, dtype, dev)
-    if path.is_dir():
-        return _load_hf_dir(path, name, dtype, dev)
-    looks_like_path = name.startswith((".", "/", "~")) or name.endswith(".gguf")
-    if not looks_like_path and _REPO_ID.match(name):
-        return _load_hf_dir(hub_snapshot(name, _offline_hint()), name, dtype, dev)
-    raise ModelNotFoundError(
-        f"model {name!r} is neither a catalog name nor an existing path; try {_offline_hint()}"
-    )
+    return _load_hf_dir(path, name, dtype, dev)

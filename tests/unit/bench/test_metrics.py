@@ -94,6 +94,26 @@ def test_no_usage_estimates_from_text_and_flags_it() -> None:
     assert r.num_tokens == 4
 
 
+def test_no_usage_with_a_tokenizer_counts_n_with_it() -> None:
+    raw = RequestRecord(
+        request_id=0,
+        arm="a",
+        prompt_id="p",
+        category="c",
+        scheduled_ns=0,
+        send_ns=0,
+        chunks=[chunk(10, " hello world"), chunk(20, "!"), chunk(30, " again")],
+        output_text=" hello world! again",
+    )
+    r = derive(raw, count_tokens=lambda text: len(text))  # one "token" per character
+    assert r.num_tokens == 19 and r.tokens_from_tokenizer and not r.tokens_estimated
+    assert sum(r.tokens_per_chunk) == 19 and r.chunk_tokens_estimated
+    # Reported usage wins over the tokenizer.
+    raw.usage_completion_tokens = 5
+    r = derive(raw, count_tokens=lambda text: len(text))
+    assert r.num_tokens == 5 and not r.tokens_from_tokenizer
+
+
 def test_no_token_chunk_gives_no_latencies() -> None:
     r = record([chunk(10, "", 0)], usage=0, error="boom")
     assert r.ttft_s is None and r.e2e_s is None and r.itl_s == []

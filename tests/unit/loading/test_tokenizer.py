@@ -136,3 +136,20 @@ def test_unsupported_tokenizers_are_named(gguf_factory) -> None:
         backend_from_gguf(dataclasses.replace(data, model="llama"))
     with pytest.raises(UnsupportedModelError, match="'mystery-pre'"):
         backend_from_gguf(dataclasses.replace(data, pre="mystery-pre"))
+
+
+def test_load_tokenizer_reads_only_the_tokenizer(tiny, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from specserve.loading import load_tokenizer
+    from specserve.loading.errors import ModelNotFoundError
+
+    path, expected = tiny
+    got = load_tokenizer(path)
+    for text in TEXTS:
+        assert got.encode(text, add_special_tokens=False) == expected.encode(
+            text, add_special_tokens=False
+        )
+    with pytest.raises(ModelNotFoundError, match="neither a catalog name nor an existing path"):
+        load_tokenizer(tmp_path / "nothing-here")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(UnsupportedModelError, match=r"not a \.gguf file"):
+        load_tokenizer(tmp_path / "weights.bin")
