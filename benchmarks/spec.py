@@ -31,7 +31,7 @@ import torch
 from specserve.commands.generate import make_proposer
 from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.loading import load_model
-from specserve.models.quant_cache import load_model_with_weights
+from specserve.models.quant_cache import load_in_format
 from specserve.sampling_params import SamplingParams
 from specserve.spec.draft_model import check_vocab_compatible
 from specserve.spec.generate import SpecGenerationResult, generate_speculative
@@ -126,11 +126,7 @@ def main() -> int:
     target = load_model(args.target, dtype=dtype)
     draft = None
     if any(a.startswith(("draft", "hybrid")) for a in arms):
-        if args.draft_weights is None:
-            draft_lm = load_model(args.draft, dtype=dtype)
-        else:
-            act = dtype if args.draft_weights in ("int8", "int4") else None
-            draft_lm = load_model_with_weights(args.draft, args.draft_weights, dtype=act)
+        draft_lm = load_in_format(args.draft, args.draft_weights, dtype)
         check_vocab_compatible(
             target.arch.vocab_size, draft_lm.arch.vocab_size, target.tokenizer, draft_lm.tokenizer
         )

@@ -71,6 +71,33 @@ def test_generate_command(smollm2: LoadedModel, capsys: pytest.CaptureFixture[st
     assert "speedup vs plain" in out and "identical to plain" in out
     assert main([*argv, "--spec-method", "draft"]) == 2  # draft method without a draft model
     assert "needs draft_model" in capsys.readouterr().err
+    assert main([*argv, "--spec-method", "ngram", "--draft-weights", "int8"]) == 2
+    assert "draft_weights given but method is 'ngram'" in capsys.readouterr().err
+
+
+def test_generate_command_with_an_int8_draft_is_lossless_in_fp32(
+    smollm2: LoadedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "--model", "smollm2-135m-instruct", "--prompt", QUESTIONS[1], "--chat"]
+    rc = main(
+        [
+            *argv,
+            "--max-tokens",
+            "16",
+            "--spec-method",
+            "draft",
+            "--draft-model",
+            "smollm2-135m-instruct",
+            "--draft-weights",
+            "int8",
+            "--num-speculative-tokens",
+            "3",
+            "--compare-plain",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "identical to plain" in out and "acceptance rate" in out
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument(
+        "--weights",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="the target's weight format (int8/int4: weight-only, --dtype activations)",
+    )
+    p.add_argument(
+        "--draft-weights",
+        choices=["fp32", "bf16", "int8", "int4"],
+        help="the draft's weight format (default: --weights)",
+    )
+    p.add_argument(
         "--spec-method", choices=["none", "draft", "ngram", "suffix", "hybrid"], default="none"
     )
     p.add_argument("--draft-model", default=None, help="draft model (methods 'draft' and 'hybrid')")
@@ -114,7 +124,7 @@ def _report(label: str, res: GenerationResult) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specserve.loading import load_model  # heavy imports only when the command runs
+    from specserve.models.quant_cache import load_in_format  # heavy: only when it runs
 
     try:
         params = SamplingParams(
@@ -129,9 +139,10 @@ def run(args: argparse.Namespace) -> int:
             draft_model=args.draft_model,
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=max(args.k_max, args.num_speculative_tokens or 1),
+            draft_weights=args.draft_weights,
         )
         dtype = DTYPES[args.dtype]
-        target = load_model(args.model, dtype=dtype)
+        target = load_in_format(args.model, args.weights, dtype)
         tok = target.tokenizer
         text = (
             tok.apply_chat_template([{"role": "user", "content": args.prompt}])
@@ -145,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
             draft = None
             if spec.uses_draft_model:
                 assert spec.draft_model is not None
-                draft_lm = load_model(spec.draft_model, dtype=dtype)
+                draft_lm = load_in_format(
+                    spec.draft_model, args.draft_weights or args.weights, dtype
+                )
                 check_vocab_compatible(
                     target.arch.vocab_size, draft_lm.arch.vocab_size, tok, draft_lm.tokenizer
                 )

@@ -104,19 +104,12 @@ def build_engine_from_models(
 
 def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the models named in ``config`` (``specserve.loading.load_model``) and build."""
-    from specserve.loading import load_model
+    from specserve.models.quant_cache import load_in_format
 
     dtype = DTYPES[config.model.dtype]
 
-    def load(spec: str, weights: WeightFormat | None):  # type: ignore[no-untyped-def]  # -> LoadedModel
-        if weights is None:
-            return load_model(spec, dtype=dtype, device=config.model.device)
-        # Weight formats (models/quant_cache.py): fp32/bf16 fix the dtype; int8/int4 are
-        # weight-only and keep ModelConfig.dtype for activations (bf16 is the fast choice).
-        from specserve.models.quant_cache import load_model_with_weights
-
-        act = None if weights in ("fp32", "bf16") else dtype
-        return load_model_with_weights(spec, weights, dtype=act, device=config.model.device)
+    def load(spec: str, weights: WeightFormat | None):  # type: ignore[no-untyped-def]
+        return load_in_format(spec, weights, dtype, config.model.device)
 
     target = load(config.model.model, config.model.weights)
     draft = None

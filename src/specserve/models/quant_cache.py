@@ -151,3 +151,20 @@ def load_model_with_weights(
     apply_quantized(lm.model, weights, state, group_size)  # type: ignore[arg-type]
     logger.info("%s ready as %s in %.1f s", lm.name, weights, time.perf_counter() - t0)
     return lm
+
+
+def load_in_format(
+    spec: str | Path,
+    weights: WeightFormat | None,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """Load ``spec`` for a run whose compute dtype is ``dtype``: ``weights`` None keeps the
+    dtype's own float weights; ``fp32``/``bf16`` fix the weights (and activations); ``int8``/
+    ``int4`` are weight-only with ``dtype`` activations."""
+    if weights is None:
+        from specserve.loading import load_model
+
+        return load_model(spec, dtype=dtype, device=device)
+    act = None if weights in _FLOAT_FORMATS else dtype
+    return load_model_with_weights(spec, weights, dtype=act, device=device)
