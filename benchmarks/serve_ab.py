@@ -39,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the draft's weight format (the target stays --dtype)",
     )
     p.add_argument("--num-speculative-tokens", default="auto", help="k or 'auto'")
+    p.add_argument(
+        "--disable-by-batch-size",
+        type=int,
+        default=4,
+        help="the speculative server drafts only in steps with fewer requests (0: always)",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--concurrency", default="1,2,4,8", help="comma list")
     p.add_argument("--suites", default="structured,open-ended", help="comma list")
@@ -97,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
               str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
     spec = [*common, "--draft-model", args.draft_model, "--draft-weights", args.draft_weights,
             "--num-speculative-tokens", args.num_speculative_tokens]  # fmt: skip
+    if args.disable_by_batch_size:
+        spec += ["--speculative-disable-by-batch-size", str(args.disable_by_batch_size)]
     t0 = time.perf_counter()
     # Started one after the other (loading is CPU-heavy); both stay up for the A/B batches.
     with (

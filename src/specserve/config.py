@@ -103,6 +103,8 @@ class SpecConfig:
         ngram_min: shortest n-gram the prompt-lookup proposer matches.
         ngram_max: longest n-gram the prompt-lookup proposer matches.
         draft_num_layers: keep only the draft's first N layers (a cheaper, weaker draft).
+        disable_by_batch_size: no drafting in steps with at least this many requests (None:
+            never disabled; the adaptive k still weighs the batch's measured verify cost).
         draft_weights: the draft's weight format; None takes the target's (``ModelConfig``).
             A quantised draft (``int4``) next to a bf16 target is the cheap-draft setting:
             output stays the target's, only acceptance can drop.
@@ -116,6 +118,7 @@ class SpecConfig:
     ngram_max: int = 4
     draft_num_layers: int | None = None
     draft_weights: WeightFormat | None = None
+    disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in ("none", "draft", "ngram", "suffix", "hybrid"):
@@ -129,6 +132,10 @@ class SpecConfig:
         ):
             raise ValueError(
                 f"draft_num_layers={self.draft_num_layers} needs a draft model and must be >= 1"
+            )
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError(
+                f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}"
             )
         if self.draft_weights is not None:
             if not self.uses_draft_model:

@@ -98,6 +98,14 @@ def register(subparsers: Any) -> None:
         help="weight format (int8/int4: weight-only, quantised once and cached); default: dtype",
     )
     p.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="no drafting in steps with at least N requests (large batches are compute bound; "
+        "default: never, the adaptive k alone decides)",
+    )
+    p.add_argument(
         "--draft-weights",
         choices=["fp32", "bf16", "int8", "int4"],
         help="the draft's weight format (default: --weights); e.g. int4 next to a bf16 target",
@@ -136,6 +144,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             k_max=args.k_max,
             draft_num_layers=args.draft_num_layers,
             draft_weights=args.draft_weights,
+            disable_by_batch_size=args.speculative_disable_by_batch_size,
         ),
         seed=args.seed,
     )

@@ -84,7 +84,11 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.runner = ModelRunner(model, model.make_kv_cache(num_blocks, cache.block_size))
         self.scheduler = Scheduler(
-            scheduler or SchedulerConfig(), self.kv, self.k_controller, max_lookahead=k_max
+            scheduler or SchedulerConfig(),
+            self.kv,
+            self.k_controller,
+            max_lookahead=k_max,
+            disable_by_batch_size=self.spec.disable_by_batch_size,
         )
         limit = min(model.cfg.max_position_embeddings, max_model_len or 1 << 62)
         self.max_model_len = min(limit, self.kv.max_tokens_capacity - k_max)

@@ -99,6 +99,9 @@ class Scheduler:
         waiting: requests not holding blocks, front first (preempted ones go to the front).
         running: requests holding blocks, ordered by arrival (the last is the newest).
         max_lookahead: most draft slots any request may reserve in one step.
+        disable_by_batch_size: from this many requests in a step on, nobody drafts (unless a
+            request asked for its own k): large batches are compute bound, so verifying
+            drafts costs more than it saves (vLLM's ``disable_by_batch_size``).
     """
 
     def __init__(
@@ -107,11 +110,13 @@ class Scheduler:
         kv: KVCacheManager,
         k_chooser: KChooser | None = None,
         max_lookahead: int = 0,
+        disable_by_batch_size: int | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
         self.k_chooser = k_chooser
         self.max_lookahead = max_lookahead
+        self.disable_by_batch_size = disable_by_batch_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -156,6 +161,9 @@ class Scheduler:
             return 0
         k = req.params.num_speculative_tokens  # a request's own fixed k (``specserve tune``)
         if k is None:
+            limit = self.disable_by_batch_size
+            if limit is not None and batch_size >= limit:
+                return 0
             k = self.k_chooser.choose_k(req.request_id, batch_size)
         # The step commits at most k + 1 tokens: never draft past the output cap.
         return max(0, min(k, self.max_lookahead, req.num_output_tokens_left - 1, budget - 1))

@@ -75,6 +75,27 @@ def test_decode_gets_k_lookahead_capped_by_budget_and_output_room() -> None:
     assert kv.num_reserved("a") == 8
 
 
+def test_drafting_is_disabled_from_the_batch_size_limit_on() -> None:
+    kv = KVCacheManager(num_blocks=64, block_size=4)
+    chooser = FixedK(3)
+    sched = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64), kv, chooser, 3, disable_by_batch_size=2
+    )
+    sched.add(make_request("a", 4, 0.0))
+    complete_step(sched, sched.schedule())
+    assert [s.num_lookahead for s in sched.schedule().scheduled] == [3]  # alone: drafts
+    sched = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64), kv, chooser, 3, disable_by_batch_size=2
+    )
+    own_k = Request("c", [1, 2, 3, 4], SamplingParams(max_tokens=50, num_speculative_tokens=2),
+                    50, arrival_time=2.0)  # fmt: skip
+    for req in (make_request("b", 4, 1.0), own_k):
+        sched.add(req)
+    complete_step(sched, sched.schedule())
+    ks = {s.request.request_id: s.num_lookahead for s in sched.schedule().scheduled}
+    assert ks == {"b": 0, "c": 2}  # batch of 2: off, except for a request's own k
+
+
 def test_preempts_newest_first_and_recomputes_later() -> None:
     kv = KVCacheManager(num_blocks=7, block_size=4)  # 6 usable blocks = 24 slots
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), kv)

@@ -74,6 +74,15 @@ def test_draft_weights_reach_the_spec_config_and_need_a_draft() -> None:
         engine_config_from_args(build_parser().parse_args(no_draft))
 
 
+def test_disable_by_batch_size_reaches_the_spec_config() -> None:
+    argv = ["serve", "--model", "t", "--spec-method", "ngram"]
+    args = build_parser().parse_args([*argv, "--speculative-disable-by-batch-size", "4"])
+    assert engine_config_from_args(args).spec.disable_by_batch_size == 4
+    args = build_parser().parse_args([*argv, "--speculative-disable-by-batch-size", "0"])
+    with pytest.raises(ValueError, match="disable_by_batch_size must be >= 1"):
+        engine_config_from_args(args)
+
+
 def test_truncated_draft_needs_a_draft_model() -> None:
     args = build_parser().parse_args(["serve", "--model", "t", "--draft-num-layers", "6"])
     with pytest.raises(ValueError, match="draft_num_layers=6 needs a draft model"):
