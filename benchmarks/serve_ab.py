@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--disable-by-batch-size",
         type=int,
-        default=4,
+        default=3,
         help="the speculative server drafts only in steps with fewer requests (0: always)",
     )
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -56,10 +56,11 @@ class ServersSpec(BaseModel):
         "than the bf16 target's; the output stays the target's). None: same as the target.",
     )
     disable_by_batch_size: int | None = Field(
-        default=4,
+        default=3,
         ge=1,
         description="The speculative server stops drafting in steps with at least this many "
-        "requests (on this CPU speculation lowered throughput from batch 4 on); None: never.",
+        "requests (on this CPU speculation lowered throughput at concurrency 4 and 8 "
+        "without it, and at 4 with a limit of 4); None: never.",
     )
     max_model_len: int = Field(default=2048, ge=64, description="Context limit of both servers.")
     max_num_seqs: int = Field(default=8, ge=1, description="Batch limit of both servers.")
