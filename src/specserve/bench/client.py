@@ -83,14 +83,15 @@ class StreamClient:
     @contextlib.asynccontextmanager
     async def _post(
         self, path: str, body: dict
-    ) -> AsyncIterator[tuple[int, Callable[[], AsyncIterator[bytes]]]]:
-        """(status, body iterator) of a streamed POST, on the fast path when possible."""
+    ) -> AsyncIterator[tuple[int, Callable[[], AsyncIterator[bytes]], Callable[[], int | None]]]:
+        """(status, body iterator, arrival time of the data last yielded or None) of a
+        streamed POST, on the fast path when possible."""
         if self._pool is not None:
             response = await self._pool.post(path, json.dumps(body).encode())
-            yield response.status, response.aiter_raw
+            yield response.status, response.aiter_raw, response.arrival_ns
             return
         async with self._http.stream("POST", self.root_url + path, json=body) as r:
-            yield r.status_code, r.aiter_raw
+            yield r.status_code, r.aiter_raw, lambda: None
 
     async def send(self, record: RequestRecord, body: dict, endpoint: str, t0_ns: int) -> None:
         """Send ``body``, stream the answer, and fill ``record``'s raw fields in place."""
@@ -99,7 +100,7 @@ class StreamClient:
         texts: list[str] = []
         record.send_ns = now = time.perf_counter_ns() - t0_ns
         try:
-            async with self._post(path, body) as (status, body_iter):
+            async with self._post(path, body) as (status, body_iter, arrival_ns):
                 record.headers_ns = time.perf_counter_ns() - t0_ns
                 record.status = status
                 if status != 200:
@@ -109,7 +110,8 @@ class StreamClient:
                     return
                 done = False
                 async for data in body_iter():
-                    now = time.perf_counter_ns() - t0_ns
+                    # When the bytes came off the socket (fast path), else when we got them.
+                    now = (arrival_ns() or time.perf_counter_ns()) - t0_ns
                     for payload in parser.feed(data):
                         done = self._on_event(record, payload, now, texts) or done
                 for payload in parser.flush():

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from typing import SupportsIndex
 from urllib.parse import urlsplit
 
 
@@ -20,13 +23,51 @@ class HTTPProtocolError(Exception):
     """The server broke HTTP/1.1 framing (or closed the connection mid-response)."""
 
 
+class StampedStreamReader(asyncio.StreamReader):
+    """A stream reader that remembers when each piece of data came off the socket.
+
+    ``feed_data`` runs in the event loop's read callback, before any coroutine parses the
+    data, so its ``perf_counter_ns()`` is the arrival time without the client's own queueing
+    (a burst of chunks from many streams is stamped in one sweep, then parsed one by one).
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self._fed = 0  # bytes fed so far
+        self._feeds: deque[tuple[int, int]] = deque()  # (end offset, arrival ns) per feed
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if data:
+            self._fed += len(data)  # type: ignore[arg-type]  # the protocol feeds bytes
+            self._feeds.append((self._fed, time.perf_counter_ns()))
+        super().feed_data(data)
+
+    def consumed_arrival_ns(self) -> int | None:
+        """Arrival time of the last byte read so far (None before any data)."""
+        consumed = self._fed - len(self._buffer)  # type: ignore[attr-defined]
+        while len(self._feeds) > 1 and self._feeds[0][0] < consumed:
+            self._feeds.popleft()
+        return self._feeds[0][1] if self._feeds else None
+
+
 class Response:
     """Status, headers, and a body iterator yielding data as it arrives."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: AsyncIterator[bytes],
+        reader: StampedStreamReader | None = None,
+    ) -> None:
         self.status = status
         self.headers = headers
         self._body = body
+        self._reader = reader
+
+    def arrival_ns(self) -> int | None:
+        """``perf_counter_ns()`` at which the data last yielded came off the socket."""
+        return None if self._reader is None else self._reader.consumed_arrival_ns()
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         return self._body
@@ -46,17 +87,20 @@ class Http1Pool:
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._idle: list[tuple[StampedStreamReader, asyncio.StreamWriter]] = []
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self) -> tuple[StampedStreamReader, asyncio.StreamWriter]:
         while self._idle:
             reader, writer = self._idle.pop()
             if not reader.at_eof() and not writer.is_closing():
                 return reader, writer
             writer.close()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, limit=1 << 22), self.timeout_s
-        )
+        loop = asyncio.get_running_loop()
+        reader = StampedStreamReader(limit=1 << 22, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        async with asyncio.timeout(self.timeout_s):
+            transport, _ = await loop.create_connection(lambda: protocol, self.host, self.port)
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,10 +136,10 @@ class Http1Pool:
             k.strip().lower(): v.strip()
             for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)
         }
-        return Response(status, headers, self._body(reader, writer, headers))
+        return Response(status, headers, self._body(reader, writer, headers), reader)
 
     async def _body(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
+        self, reader: StampedStreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
     ) -> AsyncIterator[bytes]:
         reusable = False
         try:

@@ -179,6 +179,27 @@ def quantize_int4(weight: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE) ->
     return Int4Weight(nibbles, torch.cat(scales), torch.cat(mins), group_size)
 
 
+def _pack_int4_rows(weight: Int4Weight, pad: int) -> torch.Tensor:
+    """The CPU kernel's packed layout of ``weight`` (plus ``pad`` zero rows), built a row
+    chunk at a time: the packing op takes int32 codes, 8 bytes per weight with the padding
+    copy, which for a whole LM head (152k x 1.5k) would be ~2 GB of temporaries. The CPU
+    layout packs each output row on its own, so chunks concatenate to the whole."""
+    n = weight.nibbles.shape[0]
+    chunks = []
+    for start in range(0, n, _ROW_CHUNK):
+        rows = Int4Weight(
+            weight.nibbles[start : start + _ROW_CHUNK],
+            weight.scale[start : start + _ROW_CHUNK],
+            weight.minimum[start : start + _ROW_CHUNK],
+            weight.group_size,
+        )
+        codes = rows.codes().to(torch.int32)
+        if start + _ROW_CHUNK >= n and pad:
+            codes = F.pad(codes, (0, 0, 0, pad))
+        chunks.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
 class Int4Linear(nn.Module):
     """Linear layer over :class:`Int4Weight`; on CPU through the packed int4 kernel."""
 
@@ -202,12 +223,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
         if self.use_packed:
             pad = -self.out_features % _INT4_N_MULTIPLE
-            codes = F.pad(weight.codes().to(torch.int32), (0, 0, 0, pad))  # [Np, K]
             scale = F.pad(weight.scale, (0, 0, 0, pad))
             # The kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale.
             zero = F.pad(weight.minimum, (0, 0, 0, pad)) + 8.0 * scale
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-            self.register_buffer("qweight", packed)  # kernel-specific layout
+            self.register_buffer("qweight", _pack_int4_rows(weight, pad))  # kernel layout
             sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K/G, Np, 2]
             self.register_buffer("scales_and_zeros", sz.to(device, dtype))
         else:

@@ -11,6 +11,7 @@ weights, so peak memory stays near the quantised size.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -106,6 +107,26 @@ class _LazyTensors(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def _fix_malloc_mmap_threshold(size: int = 1 << 20) -> bool:
+    """Make glibc serve every allocation >= ``size`` by mmap, returned to the OS on free.
+
+    By default glibc raises this threshold after the first large block is freed, so the
+    packing temporaries of later layers land in the heap, which it never shrinks: loading
+    the int4 0.5B peaked at 2.2 GiB and kept 1.8 GiB resident for 0.4 GiB of weights;
+    with a fixed threshold it peaks at 1.0 GiB. Process-wide and best effort: False where
+    the C library has no ``mallopt`` (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, size))
+
+
 def load_model_with_weights(
     spec: str | Path,
     weights: WeightFormat = "bf16",
@@ -137,6 +158,7 @@ def load_model_with_weights(
     if weights in _FLOAT_FORMATS:
         return lm
     assert weights in QUANT_FORMATS
+    _fix_malloc_mmap_threshold()
     path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
     t0 = time.perf_counter()
     state: Mapping[str, torch.Tensor]

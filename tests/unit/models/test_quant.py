@@ -78,6 +78,17 @@ def test_int8_linear_packed_matches_fallback_and_reference(dtype: torch.dtype, b
     assert _rel_err(y_fallback, ref) < tol
 
 
+def test_int4_packing_by_row_chunks_equals_packing_at_once() -> None:
+    from specserve.models.quant import _ROW_CHUNK, _pack_int4_rows
+
+    torch.manual_seed(3)
+    n, k = _ROW_CHUNK + 40, 64  # more than one chunk; 40 rows need 8 rows of padding
+    w4 = quantize_int4(torch.randn(n, k), 32)
+    codes = torch.nn.functional.pad(w4.codes().to(torch.int32), (0, 0, 0, 8))
+    whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    assert torch.equal(_pack_int4_rows(w4, 8), whole)
+
+
 def test_int8_linear_copies_a_misaligned_weight() -> None:
     # A weight read from a safetensors file sits at an 8-byte aligned offset; the packed
     # int8 kernel segfaulted on such a weight (896 x 896 at offset 56 mod 64, 4 rows).

@@ -31,3 +31,16 @@ def test_draft_settings_become_serve_arguments() -> None:
 def test_bad_proposers_are_refused(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ValidationError, match=needle):
         ProposerSpec(name="p", **kwargs)  # type: ignore[arg-type]
+
+
+def test_shipped_draft_size_example_validates() -> None:
+    from pathlib import Path
+
+    from specserve.tune.config import load_tune_config
+
+    cfg = load_tune_config(Path(__file__).parents[3] / "examples" / "draft-size-tune.yaml")
+    weights = {p.name: p.draft_weights for p in cfg.proposers}
+    assert weights["draft-0.5b-int4"] == "int4" and weights["draft-0.5b-bf16"] is None
+    layers = [p for p in cfg.proposers if p.draft_num_layers]
+    assert [p.draft_num_layers for p in layers] == [6]
+    assert cfg.k == (2, 4)
