@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from specserve.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from specserve.config import WEIGHT_FORMATS, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.builder import build_engine
 from specserve.engine.outputs import StepStats
 from specserve.sampling_params import SamplingParams
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    ap.add_argument("--draft-weights", default="int4", choices=["bf16", "int8", "int4"])
+    ap.add_argument("--draft-weights", default="int4", choices=WEIGHT_FORMATS)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--ks", default="0,1,2,4", help="comma list of fixed k (0 = plain)")
     ap.add_argument("--max-tokens", type=int, default=24)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specserve.config import WEIGHT_FORMATS
 from specserve.server.launcher import ServerProcess
 
 ALL = "*"
@@ -35,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--draft-weights",
         default="int4",
-        choices=["fp32", "bf16", "int8", "int4"],
+        choices=WEIGHT_FORMATS,
         help="the draft's weight format (the target stays --dtype)",
     )
     p.add_argument("--num-speculative-tokens", default="auto", help="k or 'auto'")

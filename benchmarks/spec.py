@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specserve.commands.generate import make_proposer
+from specserve.config import WEIGHT_FORMATS
 from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.loading import load_model
 from specserve.models.quant_cache import load_in_format
@@ -107,7 +108,7 @@ def main() -> int:
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument(
         "--draft-weights",
-        choices=["bf16", "fp32", "int8", "int4"],
+        choices=WEIGHT_FORMATS,
         default=None,
         help="the draft's weight format (int8/int4: weight-only; default: --dtype)",
     )

@@ -7,10 +7,11 @@ bench/tune specs) are pydantic models elsewhere and are converted into these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 DType = Literal["float32", "bfloat16", "float16"]
 WeightFormat = Literal["fp32", "bf16", "int8", "int4"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
 SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid"]
 
 
@@ -140,7 +141,7 @@ class SpecConfig:
         if self.draft_weights is not None:
             if not self.uses_draft_model:
                 raise ValueError(f"draft_weights given but method is {self.method!r}")
-            if self.draft_weights not in ("fp32", "bf16", "int8", "int4"):
+            if self.draft_weights not in WEIGHT_FORMATS:
                 raise ValueError(f"unknown draft weight format {self.draft_weights!r}")
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= 32):

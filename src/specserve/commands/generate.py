@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from specserve.commands.serve import add_weight_format_args, parse_k
 from specserve.config import SpecConfig
 from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.sampling_params import SamplingParams
@@ -25,18 +26,6 @@ from specserve.spec.suffix import SuffixProposer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 K_MAX_DEFAULT = 8
-
-
-def _k_arg(value: str) -> int | None:
-    if value == "auto":
-        return None
-    try:
-        k = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {value!r}") from None
-    if not 0 <= k <= 32:
-        raise argparse.ArgumentTypeError(f"must be in [0, 32], got {k}")
-    return k
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -54,15 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0 = all)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument(
-        "--weights",
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="the target's weight format (int8/int4: weight-only, --dtype activations)",
-    )
-    p.add_argument(
-        "--draft-weights",
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="the draft's weight format (default: --weights)",
+    add_weight_format_args(
+        p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
     p.add_argument(
         "--spec-method", choices=["none", "draft", "ngram", "suffix", "hybrid"], default="none"
@@ -70,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", default=None, help="draft model (methods 'draft' and 'hybrid')")
     p.add_argument(
         "--num-speculative-tokens",
-        type=_k_arg,
+        type=parse_k,
         default=None,
         metavar="K|auto",
         help="draft tokens per step, or 'auto' for the adaptive controller (default auto)",

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from specserve.config import (
+    WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -51,6 +52,16 @@ def parse_k(text: str) -> int | None:
     if not 0 <= k <= 32:
         raise argparse.ArgumentTypeError(f"num-speculative-tokens must be in [0, 32], got {k}")
     return k
+
+
+def add_weight_format_args(p: argparse.ArgumentParser, weights_help: str) -> None:
+    """``--weights`` (the target's format) and ``--draft-weights`` (the draft's own)."""
+    p.add_argument("--weights", choices=WEIGHT_FORMATS, help=weights_help)
+    p.add_argument(
+        "--draft-weights",
+        choices=WEIGHT_FORMATS,
+        help="the draft's weight format (default: --weights); e.g. int4 next to a bf16 target",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -92,10 +103,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--weights",
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="weight format (int8/int4: weight-only, quantised once and cached); default: dtype",
+    add_weight_format_args(
+        p, "weight format (int8/int4: weight-only, quantised once and cached); default: dtype"
     )
     p.add_argument(
         "--speculative-disable-by-batch-size",
@@ -104,11 +113,6 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="no drafting in steps with at least N requests (large batches are compute bound; "
         "default: never, the adaptive k alone decides)",
-    )
-    p.add_argument(
-        "--draft-weights",
-        choices=["fp32", "bf16", "int8", "int4"],
-        help="the draft's weight format (default: --weights); e.g. int4 next to a bf16 target",
     )
     p.add_argument(
         "--draft-num-layers",

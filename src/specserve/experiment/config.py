@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specserve.bench.spec import LlmperfSpec
+from specserve.config import WeightFormat
 from specserve.yaml_config import load_yaml_model
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -47,10 +48,10 @@ class ServersSpec(BaseModel):
     dtype: Literal["float32", "bfloat16"] = Field(
         default="bfloat16", description="Compute dtype of both servers."
     )
-    weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+    weights: WeightFormat | None = Field(
         default=None, description="Weight format of both servers (default: the dtype's own)."
     )
-    draft_weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+    draft_weights: WeightFormat | None = Field(
         default="int4",
         description="Weight format of the draft only (int4: weight-only, an 8-10x cheaper step "
         "than the bf16 target's; the output stays the target's). None: same as the target.",

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specserve.config import WeightFormat
 from specserve.experiment.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.yaml_config import load_yaml_model
 
@@ -27,7 +28,7 @@ class ProposerSpec(BaseModel):
         ge=1,
         description="Keep only the draft's first N layers: a cheaper, weaker draft.",
     )
-    draft_weights: Literal["fp32", "bf16", "int8", "int4"] | None = Field(
+    draft_weights: WeightFormat | None = Field(
         default=None, description="Weight format of the draft (default: the target's)."
     )
 
