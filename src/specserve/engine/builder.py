@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from specserve.config import EngineConfig, SchedulerConfig, SpecConfig, WeightFormat
+from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.models.decoder import DecoderLM
 from specserve.spec.k_controller import KController
@@ -106,16 +106,13 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the models named in ``config`` (``specserve.loading.load_model``) and build."""
     from specserve.models.quant_cache import load_in_format
 
-    dtype = DTYPES[config.model.dtype]
-
-    def load(spec: str, weights: WeightFormat | None):  # type: ignore[no-untyped-def]
-        return load_in_format(spec, weights, dtype, config.model.device)
-
-    target = load(config.model.model, config.model.weights)
+    dtype, device = DTYPES[config.model.dtype], config.model.device
+    target = load_in_format(config.model.model, config.model.weights, dtype, device)
     draft = None
     if config.spec.uses_draft_model and config.spec.enabled:
         assert config.spec.draft_model is not None
-        draft_lm = load(config.spec.draft_model, config.spec.draft_weights or config.model.weights)
+        draft_weights = config.spec.draft_weights or config.model.weights
+        draft_lm = load_in_format(config.spec.draft_model, draft_weights, dtype, device)
         from specserve.spec.draft_model import check_vocab_compatible
 
         check_vocab_compatible(
