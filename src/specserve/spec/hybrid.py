@@ -20,7 +20,7 @@ SuffixDecoding (Oliaro et al., 2024).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specserve.spec.draft_model import DraftModelProposer
 from specserve.spec.proposer import Proposal, ProposeInput
@@ -66,7 +66,7 @@ class _Pending:
 class _RequestState:
     suffix: _SourceRate
     model: _SourceRate
-    pending: _Pending | None = field(default=None)
+    pending: _Pending | None = None
 
 
 class HybridProposer:
@@ -138,17 +138,19 @@ class HybridProposer:
             if len(prop) < min(self.min_suffix_tokens, inp.num_draft_tokens)
             or st.suffix.rate + self.suffix_margin < st.model.rate
         ]
-        for inp, prop, st in zip(batch, proposals, states, strict=True):
-            st.pending = _Pending(len(inp.token_ids), list(prop.draft_token_ids), None)
         self.num_suffix_drafts += len(batch) - len(fallback)
         self.num_model_drafts += len(fallback)
-        if fallback:
-            drafted = self.draft.propose([batch[i] for i in fallback])
-            for i, prop in zip(fallback, drafted, strict=True):
-                proposals[i] = prop
-                pending = states[i].pending
-                assert pending is not None
-                pending.model = list(prop.draft_token_ids)
+        drafted = self.draft.propose([batch[i] for i in fallback]) if fallback else []
+        model_drafts = dict(zip(fallback, drafted, strict=True))
+        for i, (inp, st) in enumerate(zip(batch, states, strict=True)):
+            model = model_drafts.get(i)
+            st.pending = _Pending(
+                len(inp.token_ids),
+                list(proposals[i].draft_token_ids),
+                None if model is None else list(model.draft_token_ids),
+            )
+            if model is not None:
+                proposals[i] = model
         return proposals
 
     def release(self, request_id: str) -> None:
