@@ -85,8 +85,13 @@ class ServersSpec(BaseModel):
             raise ValueError(
                 f"a draft model is only used with methods 'draft' and 'hybrid', not {self.method!r}"
             )
-        if not uses_draft:  # the default draft format means nothing without a draft
-            object.__setattr__(self, "draft_weights", None)
+        if not uses_draft:
+            if "draft_weights" in self.model_fields_set and self.draft_weights is not None:
+                raise ValueError(
+                    f"draft_weights is only used with methods 'draft' and 'hybrid', "
+                    f"not {self.method!r}"
+                )
+            object.__setattr__(self, "draft_weights", None)  # the default means nothing here
         if self.baseline_port is not None and self.baseline_port == self.speculative_port:
             raise ValueError("baseline_port and speculative_port must differ")
         if not self.host.startswith("127.") and self.host not in ("localhost", "::1"):

@@ -41,6 +41,8 @@ def test_draft_weights_follow_the_method() -> None:
     assert "--draft-weights" not in ServersSpec(method="ngram").serve_args(speculative=True)
     same = ServersSpec(method="draft", draft_weights=None).serve_args(speculative=True)
     assert "--draft-weights" not in same
+    with pytest.raises(ValueError, match="draft_weights is only used with methods"):
+        ServersSpec(method="suffix", draft_weights="int4")
 
 
 def _write(tmp_path: Path, text: str) -> Path:
