@@ -60,6 +60,9 @@ SUITES: dict[str, list[tuple[str, str]]] = {
         ("sky", "Explain in a short paragraph why the sky is blue."),
         ("hash-table", "What is a hash table? Explain it to a beginner."),
         ("weekend", "Write a few sentences about a relaxing weekend by the sea."),
+        ("recursion", "Explain recursion to a new programmer, with a small example."),
+        ("review", "What makes a code review useful? Give a few points."),
+        ("coffee", "Describe the smell of a coffee shop in the morning."),
     ],
 }
 

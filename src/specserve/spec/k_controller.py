@@ -2,8 +2,15 @@
 
 Terms:
     conditional acceptance a_i: probability that draft position i is accepted given that
-        positions < i were. Estimated per request from decayed counts, shrunk towards the
-        estimate over all requests (which is itself shrunk towards ``prior_acceptance``).
+        positions < i were. Estimated per request from decayed counts. a_0 is shrunk
+        towards the estimate over recent steps of all requests (itself shrunk towards
+        ``prior_acceptance``); a_i for i > 0 is shrunk towards the request's own a_{i-1}
+        estimate. Deep positions are reached rarely, so their estimates lean on the prior;
+        taking it from the request's shallower positions rather than from other requests
+        keeps a request with short accepted runs (prose) from inheriting the long runs of
+        earlier structured requests (a pooled prior made the controller pick k = 4-5 on
+        prose where k = 3 was best). Replays of recorded traces
+        (``benchmarks/k_replay.py``) chose this estimator and the defaults.
     expected tokens E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i: accepted drafts plus the
         recovered/bonus token of one verify step.
     step cost C(k) = draft_cost(k) + verify_cost(k + 1): measured wall times. The draft cost
@@ -72,6 +79,7 @@ class KController:
         prior_acceptance: a_i assumed before anything is observed.
         prior_weight: pseudo-observations behind each prior.
         decay: per-observation decay of a request's counts (recent steps weigh more).
+        global_decay: per-observation decay of the counts over all requests.
         probe_interval: plain steps after which a request tries speculation again.
         draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
         ema: weight of a new cost measurement in the running averages.
@@ -82,8 +90,9 @@ class KController:
         k_max: int,
         fixed_k: int | None = None,
         prior_acceptance: float = 0.7,
-        prior_weight: float = 2.0,
-        decay: float = 0.95,
+        prior_weight: float = 3.0,
+        decay: float = 0.9,
+        global_decay: float = 0.98,
         probe_interval: int = 16,
         draft_cost_prior: float = 0.1,
         ema: float = 0.2,
@@ -94,8 +103,10 @@ class KController:
             raise ValueError(f"fixed_k must be in [0, k_max={k_max}], got {fixed_k}")
         if not (0.0 < prior_acceptance < 1.0):
             raise ValueError(f"prior_acceptance must be in (0, 1), got {prior_acceptance}")
-        if not (0.0 < decay <= 1.0) or not (0.0 < ema <= 1.0):
-            raise ValueError(f"decay and ema must be in (0, 1], got {decay}, {ema}")
+        if not all(0.0 < v <= 1.0 for v in (decay, global_decay, ema)):
+            raise ValueError(
+                f"decay, global_decay and ema must be in (0, 1], got {decay}, {global_decay}, {ema}"
+            )
         if probe_interval < 1:
             raise ValueError(f"probe_interval must be >= 1, got {probe_interval}")
         self.k_max = k_max
@@ -103,6 +114,7 @@ class KController:
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.decay = decay
+        self.global_decay = global_decay
         self.probe_interval = probe_interval
         self.draft_cost_prior = draft_cost_prior
         self.ema = ema
@@ -124,7 +136,7 @@ class KController:
             return
         state = self._requests.setdefault(request_id, _RequestState())
         state.acceptance.observe(num_drafted, num_accepted, self.decay)
-        self._global.observe(num_drafted, num_accepted, 1.0)
+        self._global.observe(num_drafted, num_accepted, self.global_decay)
 
     def record_cost(
         self,
@@ -160,10 +172,14 @@ class KController:
     def acceptance_estimates(self, request_id: str, k: int) -> list[float]:
         """Estimated conditional acceptance a_0 .. a_{k-1} for the request."""
         state = self._requests.get(request_id)
-        out = []
+        own = state.acceptance if state is not None and state.acceptance.reached else None
+        out: list[float] = []
         for i in range(k):
+            if own is not None and i > 0:
+                out.append(own.rate(i, out[-1], self.prior_weight))
+                continue
             prior = self._global.rate(i, self.prior_acceptance, self.prior_weight)
-            out.append(state.acceptance.rate(i, prior, self.prior_weight) if state else prior)
+            out.append(own.rate(i, prior, self.prior_weight) if own is not None else prior)
         return out
 
     def expected_tokens(self, request_id: str, k: int) -> float:
@@ -179,15 +195,22 @@ class KController:
         ``batch_size`` (unit 1 per token-free step if nothing is measured).
 
         Costs are kept per total step size T = batch_size * num_tokens, the quantity a
-        forward's time depends on; an unmeasured T is interpolated linearly between the
-        nearest measured sizes, or scaled from the nearest one by the prior slope.
+        forward's time depends on, made non-decreasing in T; an unmeasured T is interpolated
+        linearly between the nearest measured sizes, or scaled from the nearest one by the
+        prior slope.
         """
         size = batch_size * num_tokens
         if self._cost_by_size is None:  # rebuilt after each new measurement
             by_size: dict[int, list[float]] = {}
             for (b, n), seconds in self._verify_cost.items():
                 by_size.setdefault(b * n, []).append(seconds)
-            self._cost_by_size = {t: sum(v) / len(v) for t, v in by_size.items()}
+            # A bigger step never costs less: noisy measurements (a 3-token forward timed
+            # below a 1-token one) would make drafting look cheaper than plain decoding.
+            running = 0.0
+            self._cost_by_size = {}
+            for t in sorted(by_size):
+                running = max(running, sum(by_size[t]) / len(by_size[t]))
+                self._cost_by_size[t] = running
         cost = self._cost_by_size
         if not cost:
             return _prior_verify(size)

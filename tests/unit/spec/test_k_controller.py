@@ -103,3 +103,46 @@ def test_adaptive_is_close_to_the_best_fixed_k(accept: list[float]) -> None:
     adaptive = simulate(KController(8), 0, accept)
     assert adaptive >= 0.93 * best, (adaptive, best)
     assert adaptive >= 0.95 * simulate(None, 0, accept)  # never much worse than plain
+
+
+def test_deep_positions_follow_the_request_not_earlier_requests() -> None:
+    """A prose request after many all-accepted (structured) requests: positions it rarely
+    reaches lean on its own shallow positions, not on the others' long runs."""
+    c = KController(8)
+    for i in range(40):
+        c.observe(f"structured-{i}", 8, 8)
+    for _ in range(6):
+        c.observe("prose", 4, 0)  # rejected at the first position every time
+    est = c.acceptance_estimates("prose", 4)
+    assert est[0] < 0.5
+    assert all(a < 0.75 for a in est[1:]), est  # the pooled estimate would be ~0.97
+    # A new request still starts from the recent global estimate.
+    assert c.acceptance_estimates("fresh", 1)[0] > 0.8
+
+
+def test_global_estimate_forgets_old_requests() -> None:
+    forgetting, pooling = KController(8, global_decay=0.9), KController(8, global_decay=1.0)
+    for c in (forgetting, pooling):
+        for _ in range(50):
+            c.observe("a", 4, 4)
+        for _ in range(50):
+            c.observe("b", 4, 0)
+    assert forgetting.acceptance_estimates("fresh", 1)[0] < 0.2  # mostly the prior left
+    assert pooling.acceptance_estimates("fresh", 1)[0] == pytest.approx(0.5, abs=0.02)
+    with pytest.raises(ValueError, match="global_decay"):
+        KController(8, global_decay=0.0)
+
+
+def test_verify_cost_never_decreases_with_step_size() -> None:
+    """A noisy timing of a 3-token forward below the 1-token one must not make drafting look
+    cheaper than plain decoding."""
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.24, 1)
+    c.record_cost(0.01, 2, 0.20, 3)  # n-gram-like: drafting costs 5 ms per token
+    c.record_cost(0.02, 4, 0.25, 5)
+    assert c.verify_cost(3) == pytest.approx(0.24)
+    assert c.verify_cost(2) == pytest.approx(0.24)
+    assert c.verify_cost(5) == pytest.approx(0.25)
+    for _ in range(30):
+        c.observe("r", 2, 0)  # cheap drafts that are always wrong
+    assert c.choose_k("r") == 0  # with the raw 0.20 s, k = 2 would look 19 % faster

@@ -1,0 +1,178 @@
+"""Adaptive k vs every fixed k on the same texts: record greedy traces once, replay policies.
+
+A live benchmark (benchmarks/spec.py) compares arms whose bf16 texts can differ after a
+near-tie, so a policy can look better or worse only because it decoded an easier or harder
+text. This command removes that: for each prompt it decodes the target's plain greedy text,
+then asks the draft, at every position of that text, for its k_max-token greedy draft and
+records how many tokens match (the *run length*). It also measures the step costs (target
+forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
+those costs (specserve.spec.replay) gives its decode time on exactly the text plain decoding
+produced. The adaptive controller is replayed over the prompts in order with one shared
+controller, as a server would see them.
+
+    python benchmarks/k_replay.py --draft-weights int4 --output traces.json   # record
+    python benchmarks/k_replay.py --traces traces.json                         # replay only
+
+Recording loads two models (a few minutes on 2 cores): run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+from spec import SUITES as PROMPTS  # the same prompts as the live benchmark
+
+from specserve.config import WEIGHT_FORMATS
+from specserve.spec.k_controller import KController
+from specserve.spec.replay import StepCosts, common_prefix, replay
+
+
+def record(args: argparse.Namespace) -> dict[str, Any]:
+    from specserve.commands.generate import make_proposer
+    from specserve.engine.generate import generate_plain
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading import load_model
+    from specserve.models.quant_cache import load_in_format
+    from specserve.sampling_params import SamplingParams
+    from specserve.spec.proposer import ProposeInput
+
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    target = load_model(args.target, dtype=dtype)
+    draft = load_in_format(args.draft, args.draft_weights, dtype).model
+    tok = target.tokenizer
+    eos = tuple(tok.eos_token_ids)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    proposer = make_proposer("draft", target.arch.vocab_size, draft, 2048)
+    kmax = args.k_max
+
+    traces: dict[str, dict[str, Any]] = {}
+    propose_s: dict[int, list[float]] = {1: [], kmax: []}
+    for suite in args.suites.split(","):
+        traces[suite] = {}
+        for name, prompt in PROMPTS[suite]:
+            text = tok.apply_chat_template([{"role": "user", "content": prompt}])
+            ids = list(tok.encode(text, add_special_tokens=False))
+            tokens = generate_plain(target.model, ids, params, eos).token_ids
+            rid = f"trace-{name}"
+            proposer.prefill(rid, ids)  # type: ignore[attr-defined]
+            runs = []
+            for p in range(len(tokens) - 1):
+                committed = ids + tokens[: p + 1]
+                # Alternate a 1-token propose (timing only) with the k_max one we record.
+                if p % 4 == 0:
+                    t0 = time.perf_counter()
+                    proposer.propose([ProposeInput(rid, committed, 1, params)])
+                    propose_s[1].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                draft_ids = proposer.propose([ProposeInput(rid, committed, kmax, params)])[0]
+                propose_s[kmax].append(time.perf_counter() - t0)
+                runs.append(common_prefix(draft_ids.draft_token_ids, tokens[p + 1 :]))
+            proposer.release(rid)
+            traces[suite][name] = {"tokens": tokens, "runs": runs}
+            print(f"{suite:10s} {name:10s} n={len(tokens)} runs={runs}", flush=True)
+
+    # Target forward over t tokens at a realistic context length, t = 1 .. k_max + 1.
+    ids = list(tok.encode("def f(x):\n    return x * 2\n" * 12, add_special_tokens=False))
+    cache = SingleSequenceCache(target.model, len(ids) + kmax + 8)
+    cache.forward(ids)
+    verify = []
+    for t in range(1, kmax + 2):
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            hidden = cache.forward(ids[:t])
+            target.model.compute_logits(hidden)
+            times.append(time.perf_counter() - t0)
+            cache.truncate(len(ids))
+        verify.append(statistics.median(times))
+    p1, pk = statistics.median(propose_s[1]), statistics.median(propose_s[kmax])
+    per_token = max(0.0, (pk - p1) / (kmax - 1))
+    costs = {
+        "verify_s": verify,
+        "draft_base_s": max(0.0, p1 - per_token),
+        "draft_token_s": per_token,
+    }
+    return {"args": vars(args), "costs": costs, "traces": traces}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def replay_all(data: dict[str, Any], k_max: int, controller_kwargs: dict[str, Any]) -> None:
+    c = data["costs"]
+    costs = StepCosts(tuple(c["verify_s"][: k_max + 1]), c["draft_base_s"], c["draft_token_s"])
+    print(
+        "costs: verify "
+        + " ".join(f"{1000 * v:.0f}" for v in costs.verify_s)
+        + f" ms (1..{k_max + 1} tokens); draft {1000 * costs.draft_base_s:.1f} ms + "
+        f"{1000 * costs.draft_token_s:.1f} ms per token"
+    )
+    controller = KController(k_max, **controller_kwargs)
+    fixed = list(range(1, k_max + 1))
+    print(
+        f"\n| suite | prompt | plain TPOT ms | best fixed k | {' | '.join(map(str, fixed))} |"
+        " adaptive | adaptive / best | mean k |"
+    )
+    print("|---|---|---|---|" + "---|" * len(fixed) + "---|---|---|")
+    for suite, prompts in data["traces"].items():
+        speed: dict[Any, list[float]] = {k: [] for k in [*fixed, "auto"]}
+        for name, tr in prompts.items():
+            runs = tr["runs"]
+            base = replay(runs, 0, costs).tpot_s
+            row = {k: base / replay(runs, k, costs).tpot_s for k in fixed}
+            auto = replay(runs, controller, costs, request_id=f"{suite}-{name}")
+            row_auto = base / auto.tpot_s
+            best = max(fixed, key=lambda k: row[k])
+            mean_k = sum(auto.k_history) / len(auto.k_history)
+            cells = " | ".join(f"{row[k]:.2f}" for k in fixed)
+            print(
+                f"| {suite} | {name} | {1000 * base:.0f} | {best} | {cells} | {row_auto:.2f} | "
+                f"{row_auto / row[best]:.3f} | {mean_k:.1f} |"
+            )
+            for k in fixed:
+                speed[k].append(row[k])
+            speed["auto"].append(row_auto)
+        suite_fixed = {k: geomean(speed[k]) for k in fixed}
+        best = max(fixed, key=lambda k: suite_fixed[k])
+        auto_g = geomean(speed["auto"])
+        print(
+            f"| **{suite}** | geomean | | {best} | "
+            + " | ".join(f"{suite_fixed[k]:.2f}" for k in fixed)
+            + f" | {auto_g:.2f} | {auto_g / suite_fixed[best]:.3f} | |"
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", help="replay these recorded traces instead of recording")
+    ap.add_argument("--output", help="write the recorded traces and costs here")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--draft-weights", choices=WEIGHT_FORMATS, default="int4")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5, help="timed forwards per step size")
+    ap.add_argument("--suites", default=",".join(PROMPTS))
+    args = ap.parse_args()
+    if args.traces:
+        with open(args.traces) as f:
+            data = json.load(f)
+    else:
+        data = record(args)
+        if args.output:
+            with open(args.output, "w") as f:
+                json.dump(data, f)
+    replay_all(data, min(args.k_max, len(data["costs"]["verify_s"]) - 1), {})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
