@@ -97,6 +97,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        # Set by weight-only quantisation (models/quantize.py): q, k and v rows in one module,
+        # one matmul instead of three; q_proj/k_proj/v_proj are then None.
+        self.qkv_proj: nn.Module | None = None
+        self.qkv_sizes = (q_dim, kv_dim, kv_dim)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -135,9 +139,13 @@ class Attention(nn.Module):
             ``(q # [B, T, nh, hd], keys # [B, S, nkv, hd], values # [B, S, nkv, hd])``.
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.num_heads, self.head_dim)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -168,9 +176,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        # Set by weight-only quantisation: gate and up rows in one module (see Attention).
+        self.gate_up_proj: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -35,6 +35,7 @@ class RowwiseAttention(Attention):
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
         self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj
+        self.qkv_proj, self.qkv_sizes = attn.qkv_proj, attn.qkv_sizes
         self.o_proj = attn.o_proj
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.max_rows = max_rows

@@ -10,6 +10,7 @@ from torch import nn
 from specserve.engine.generate import generate_plain
 from specserve.models.quant import (
     Int4Linear,
+    Int4Weight,
     Int8Embedding,
     Int8Linear,
     quantize_int4,
@@ -203,3 +204,30 @@ def test_quantized_verify_equals_decode(family: str, fmt: str) -> None:
     logits = model.compute_logits(cache.forward([*prompt, *plain.token_ids[:-1]]))
     verify_argmax = logits[len(prompt) - 1 :].argmax(-1).tolist()
     assert verify_argmax == plain.token_ids
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_fused_projections_compute_exactly_the_separate_rows(fmt: str) -> None:
+    """q/k/v and gate/up become one module each; every row equals the separate module's."""
+    model = make_tiny_model("qwen2", hidden_size=64, intermediate_size=128).to(torch.bfloat16)
+    state = quantize_weights(model, fmt, 32)  # type: ignore[arg-type]
+    attn = model.model.layers[1].self_attn
+    biases = {n: getattr(attn, n).bias for n in ("q_proj", "k_proj", "v_proj")}
+
+    def separate(name: str, bias: torch.Tensor | None) -> nn.Module:
+        key = f"model.layers.1.{name}"
+        if fmt == "int8":
+            return Int8Linear(state[f"{key}.qweight"], state[f"{key}.scale"], bias, torch.bfloat16)
+        w = Int4Weight(state[f"{key}.nibbles"], state[f"{key}.scale"], state[f"{key}.minimum"], 32)
+        return Int4Linear(w, bias, torch.bfloat16)
+
+    parts = [separate(f"self_attn.{n}", b) for n, b in biases.items()]
+    mlp_parts = [separate(f"mlp.{n}", None) for n in ("gate_proj", "up_proj")]
+    apply_quantized(model, fmt, state, 32)  # type: ignore[arg-type]
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert attn.q_proj is None and mlp.gate_proj is None and attn.qkv_proj is not None
+    assert mlp.gate_up_proj is not None
+    for rows in (1, 5):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        assert torch.equal(attn.qkv_proj(x), torch.cat([p(x) for p in parts], dim=-1))
+        assert torch.equal(mlp.gate_up_proj(x), torch.cat([p(x) for p in mlp_parts], dim=-1))
