@@ -111,15 +111,19 @@ def _quantized_linear(
 ) -> nn.Module:
     """One quantised linear computing the rows of the float linears ``names``, in order."""
     dtype, device = model.dtype, model.device
-    linears = [model.get_submodule(n) for n in names]
-    assert all(isinstance(lin, nn.Linear) for lin in linears), names
-    biases = [lin.bias for lin in linears]
+    linears: list[nn.Linear] = []
+    for n in names:
+        lin = model.get_submodule(n)
+        assert isinstance(lin, nn.Linear), n
+        linears.append(lin)
     bias = None
-    if any(b is not None for b in biases):
+    if any(lin.bias is not None for lin in linears):
         bias = torch.cat(
             [
-                b.detach() if b is not None else torch.zeros(lin.out_features, dtype=dtype)
-                for b, lin in zip(biases, linears, strict=True)
+                lin.bias.detach()
+                if lin.bias is not None
+                else torch.zeros(lin.out_features, dtype=dtype)
+                for lin in linears
             ]
         ).clone()
     if names == ("lm_head",) and model.cfg.tie_word_embeddings and fmt == "int8":
