@@ -1,0 +1,379 @@
+// Int4 weight-only GEMV/GEMM for x86 CPUs with AVX-512 BF16 (Zen 4, Sapphire Rapids, ...).
+//
+// Computes y = x @ w.T for bf16 (or fp32) activations x [M, K] and int4 weights
+// w[n, k] = q[n, k] * scale[n, g] + minimum[n, g], g = k / G, packed by
+// specserve/models/int4_native.py. Registered as torch.ops.specserve.int4_gemm through
+// PyTorch's stable C++ ABI (STABLE_TORCH_LIBRARY, torch::stable::parallel_for = libtorch's
+// at::parallel_for thread pool): its headers compile in ~1 s where <torch/library.h> and
+// <ATen/...> take 6-10 s, and no OpenMP flags are needed here.
+//
+// Packed layout (see int4_native.py for the Python side):
+//   qweight   uint8   [Np / 16, K / 8, 64]  one 64-byte block per (tile of 16 rows, 8 inputs).
+//             Byte  L*16 + h*8 + 2t + e  (L, t in 0..3, h, e in 0..1) belongs to row 4L + t:
+//             its low nibble is q[row, k0 + 2h + e], its high nibble q[row, k0 + 4 + 2h + e].
+//             With lo = byte & 15 and hi = byte >> 4, the four vpunpck{l,h}bw(lo|hi, 0x43)
+//             give words 0x4300 | q = bf16(128 + q), laid out so that 32-bit lane i of the
+//             c-th vector holds the pair (128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1]):
+//             exactly the operand vdpbf16ps wants, one output row per fp32 lane.
+//   scales    fp16    [Np / 16, K / G, 2, 16]  per tile and group: 16 scales s, then 16
+//             midpoints c = minimum + 7.5 s (w = (q - 7.5) s + c: the midpoint is small for
+//             centred groups, so its fp16 rounding costs less than the minimum's would), both
+//             divided by the row's power-of-two row_scale (fp16 range whatever the weights).
+//   row_scale fp32    [Np]
+//
+// Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
+// thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
+//   for each group g:
+//     a0 = a1 = 0
+//     for each block of 8 inputs:  a0 += pair0; a1 += pair1; a0 += pair2; a1 += pair3
+//                                  (each a vdpbf16ps of (128 + q) with x)
+//     y = fma(s, a0 + a1, y);  y = fma(c - 135.5 s, xsum[m, g], y)
+//   out = y * row_scale
+// where xsum[m, g] (sum of the group's bf16 inputs in fp32) is computed per row in a fixed
+// order. The kernels differ only in how many tiles / rows they interleave (for latency).
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || \
+    !defined(__AVX512BF16__) || !defined(__GFNI__)
+#define SPECSERVE_INT4_NO_ISA 1
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;       // output rows per tile (one per fp32 lane)
+constexpr int64_t kBlockK = 8;      // inputs per 64-byte block
+constexpr int64_t kBlockBytes = 64;
+constexpr int64_t kMaxRows = 8;     // rows of x per register block
+constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the unit of a task)
+constexpr int64_t kPrefetch = 1024; // bytes ahead in a tile's stream (multi-row kernels)
+
+#ifndef SPECSERVE_INT4_NO_ISA
+
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("gfni");
+}
+
+struct Problem {
+  const uint8_t* qweight;  // [ntiles, K / 8, 64]
+  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]
+  const float* row_scale;  // [ntiles * 16]
+  const uint32_t* xi;      // bf16 pairs of x, row-block interleaved (see interleave_rows)
+  const float* xsum;       // [M, ngroups]
+  void* out;               // [M, N], bf16 or fp32
+  bool out_f32;
+  int64_t M, N, K, ngroups, blocks_per_group;
+};
+
+// Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
+// block_start(M, i). Only which rows share a register block depends on M, never the
+// arithmetic of a row.
+inline int64_t num_row_blocks(int64_t M) { return (M + kMaxRows - 1) / kMaxRows; }
+inline int64_t block_start(int64_t M, int64_t i) {
+  const int64_t n = num_row_blocks(M), base = M / n, extra = M % n;
+  return i * base + std::min(i, extra);
+}
+
+// xi: for the row block [m0, m0 + rows), the K/2 bf16 pairs of its rows interleaved
+// (pair kp of row m0 + r at xi[m0 * K/2 + kp * rows + r]), so one pointer and constant offsets
+// reach every row's broadcast operand. A 1-row block is the row itself.
+void interleave_rows(const uint32_t* x, uint32_t* xi, int64_t M, int64_t K) {
+  const int64_t kp_count = K / 2;
+  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
+    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
+    uint32_t* dst = xi + m0 * kp_count;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint32_t* src = x + (m0 + r) * kp_count;
+      for (int64_t kp = 0; kp < kp_count; ++kp) dst[kp * rows + r] = src[kp];
+    }
+  }
+}
+
+inline __m512i bcast_pair(const uint32_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(static_cast<int>(v));
+}
+
+// acc += dot2(w, broadcast(*p)) per fp32 lane. Multi-row kernels fold the broadcast into the
+// instruction's memory operand (GCC does not; measured ~20% faster with 5 rows, slower with
+// 1). Same instruction, same operands: bit-identical either way.
+template <bool kEmbedded>
+inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
+  if constexpr (kEmbedded) {
+    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+  } else {
+    return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)bcast_pair(p));
+  }
+}
+
+// Tiles [tile0, tile0 + NT) for the MR rows of the row block at m0: the canonical arithmetic
+// above. The multi-row kernels are compute-bound enough that the hardware prefetcher falls
+// behind; they prefetch each tile's stream explicitly (no gain measured for 1 row).
+template <int NT, int MR>
+void run_block(const Problem& p, int64_t tile0, int64_t m0) {
+  constexpr bool kMulti = MR > 1;
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const __m512i exp_byte = _mm512_set1_epi8(0x43);
+  // GF(2) affine matrix for a per-byte logical right shift by 4.
+  const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL);
+  const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
+  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_scales = p.ngroups * 2 * kTile;
+
+  const uint8_t* w[NT];
+  const uint16_t* sc[NT];
+  for (int t = 0; t < NT; ++t) {
+    w[t] = p.qweight + (tile0 + t) * tile_bytes;
+    sc[t] = p.scales + (tile0 + t) * tile_scales;
+  }
+  const float* xs[MR];
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair c of row m at xk[c * MR + m]
+
+  __m512 y[NT][MR];
+  for (int t = 0; t < NT; ++t)
+    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m512 a0[NT][MR], a1[NT][MR];
+    for (int t = 0; t < NT; ++t)
+      for (int m = 0; m < MR; ++m) {
+        a0[t][m] = _mm512_setzero_ps();
+        a1[t][m] = _mm512_setzero_ps();
+      }
+    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+      for (int t = 0; t < NT; ++t) {
+        const __m512i raw = _mm512_loadu_si512(w[t]);
+        if constexpr (kMulti) {
+          _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
+        }
+        w[t] += kBlockBytes;
+        const __m512i lo = _mm512_and_si512(raw, low_mask);
+        const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, shr4, 0);
+        const __m512i z0 = _mm512_unpacklo_epi8(lo, exp_byte);
+        const __m512i z1 = _mm512_unpackhi_epi8(lo, exp_byte);
+        const __m512i z2 = _mm512_unpacklo_epi8(hi, exp_byte);
+        const __m512i z3 = _mm512_unpackhi_epi8(hi, exp_byte);
+        for (int m = 0; m < MR; ++m) {
+          a0[t][m] = dp<kMulti>(a0[t][m], z0, xk + 0 * MR + m);
+          a1[t][m] = dp<kMulti>(a1[t][m], z1, xk + 1 * MR + m);
+          a0[t][m] = dp<kMulti>(a0[t][m], z2, xk + 2 * MR + m);
+          a1[t][m] = dp<kMulti>(a1[t][m], z3, xk + 3 * MR + m);
+        }
+      }
+      xk += 4 * MR;
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t])));
+      const __m512 mid =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t] + kTile)));
+      sc[t] += 2 * kTile;
+      const __m512 bias = _mm512_fmadd_ps(s, offset, mid);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 d = _mm512_add_ps(a0[t][m], a1[t][m]);
+        y[t][m] = _mm512_fmadd_ps(s, d, y[t][m]);
+        y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
+      }
+    }
+  }
+
+  for (int t = 0; t < NT; ++t) {
+    const int64_t n0 = (tile0 + t) * kTile;
+    const int64_t valid = std::min<int64_t>(kTile, p.N - n0);
+    const __mmask16 mask = valid >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 r = _mm512_loadu_ps(p.row_scale + n0);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 v = _mm512_mul_ps(y[t][m], r);
+      if (p.out_f32) {
+        float* o = static_cast<float*>(p.out) + (m0 + m) * p.N + n0;
+        _mm512_mask_storeu_ps(o, mask, v);
+      } else {
+        uint16_t* o = static_cast<uint16_t*>(p.out) + (m0 + m) * p.N + n0;
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+        _mm256_mask_storeu_epi16(o, mask, h);
+      }
+    }
+  }
+}
+
+// One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows).
+void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: run_block<1, 1>(p, tile0, m0); break;
+    case 2: run_block<1, 2>(p, tile0, m0); break;
+    case 3: run_block<1, 3>(p, tile0, m0); break;
+    case 4: run_block<1, 4>(p, tile0, m0); break;
+    case 5: run_block<1, 5>(p, tile0, m0); break;
+    case 6: run_block<1, 6>(p, tile0, m0); break;
+    case 7: run_block<1, 7>(p, tile0, m0); break;
+    default: run_block<1, 8>(p, tile0, m0); break;
+  }
+}
+
+// Tiles [begin, end), all rows. Interleaves several tiles when there are few rows (to hide the
+// vdpbf16ps latency); otherwise one tile at a time, each row block in turn.
+void run_range(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 1>(p, t, 0);
+  } else if (p.M == 2) {
+    for (; t + 2 <= end; t += 2) run_block<2, 2>(p, t, 0);
+  } else if (p.M == 3) {
+    for (; t + 2 <= end; t += 2) run_block<2, 3>(p, t, 0);
+  }
+  const int64_t nblocks = num_row_blocks(p.M);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = block_start(p.M, i);
+      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+    }
+  }
+}
+
+// xsum[m, g] = sum of the group's inputs (bf16 -> fp32), in a fixed order per row.
+void group_sums(const uint16_t* x, float* xsum, int64_t M, int64_t K, int64_t G) {
+  const int64_t ngroups = K / G;
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* xr = x + m * K;
+    for (int64_t g = 0; g < ngroups; ++g) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = g * G; j < (g + 1) * G; j += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xr + j));
+        const __m256i wide = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+        acc = _mm256_add_ps(acc, _mm256_castsi256_ps(wide));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc);
+      float a = lanes[0] + lanes[1];
+      float b = lanes[2] + lanes[3];
+      float c = lanes[4] + lanes[5];
+      float d = lanes[6] + lanes[7];
+      a = a + b;
+      c = c + d;
+      xsum[m * ngroups + g] = a + c;
+    }
+  }
+}
+
+#endif  // SPECSERVE_INT4_NO_ISA
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+#ifdef SPECSERVE_INT4_NO_ISA
+
+Tensor int4_gemm(const Tensor& x_in, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                 int64_t) {
+  STD_TORCH_CHECK(false, "int4_gemm: built for a CPU without AVX-512 BF16 / GFNI");
+  return x_in;
+}
+
+#else
+
+// A new CPU tensor [rows, cols], fp32 or bf16 (the C shim: cheaper than a dispatcher call).
+Tensor empty_2d(int64_t rows, int64_t cols, bool f32) {
+  const int64_t sizes[2] = {rows, cols};
+  const int64_t strides[2] = {cols, 1};
+  AtenTensorHandle handle = nullptr;
+  const int32_t dtype = f32 ? aoti_torch_dtype_float32() : aoti_torch_dtype_bfloat16();
+  STD_TORCH_CHECK(aoti_torch_empty_strided(2, sizes, strides, dtype, aoti_torch_device_type_cpu(),
+                                           0, &handle) == AOTI_TORCH_SUCCESS,
+                  "int4_gemm: cannot allocate the output");
+  return Tensor(handle);
+}
+
+Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
+  STD_TORCH_CHECK(cpu_supported(), "int4_gemm: this CPU lacks AVX-512 BF16 / GFNI");
+  STD_TORCH_CHECK(x_in.is_cpu() && qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(),
+                  "int4_gemm: CPU tensors only");
+  STD_TORCH_CHECK(x_in.dim() == 2, "int4_gemm: x must be [M, K]");
+  const ScalarType xt = x_in.scalar_type();
+  STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
+                  "int4_gemm: x must be bf16 or fp32");
+  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.dim() == 3 &&
+                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
+                  "int4_gemm: qweight must be contiguous uint8 [Np/16, K/8, 64]");
+  const int64_t ntiles = qweight.size(0);
+  const int64_t K = qweight.size(1) * kBlockK;
+  STD_TORCH_CHECK(x_in.size(1) == K, "int4_gemm: x has ", x_in.size(1), " inputs, weight ", K);
+  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0,
+                  "int4_gemm: group_size must be a multiple of 8 dividing K");
+  const int64_t ngroups = K / group_size;
+  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile,
+                  "int4_gemm: out_features does not match the packed rows");
+  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
+                      scales.numel() == ntiles * ngroups * 2 * kTile,
+                  "int4_gemm: scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
+  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
+                      row_scale.numel() == ntiles * kTile,
+                  "int4_gemm: row_scale must be contiguous fp32 [Np]");
+
+  Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
+  if (!x.is_contiguous()) x = torch::stable::contiguous(x);
+  const int64_t M = x.size(0);
+  Tensor out = empty_2d(M, out_features, xt == ScalarType::Float);
+  if (M == 0 || out_features == 0) return out;
+  std::vector<float> xsum(static_cast<size_t>(M * ngroups));
+  const auto* xp = static_cast<const uint16_t*>(x.const_data_ptr());
+  group_sums(xp, xsum.data(), M, K, group_size);
+  std::vector<uint32_t> xi;
+  const uint32_t* xip = static_cast<const uint32_t*>(x.const_data_ptr());  // 1 row: itself
+  if (M > 1) {
+    xi.resize(static_cast<size_t>(M * K / 2));
+    interleave_rows(xip, xi.data(), M, K);
+    xip = xi.data();
+  }
+
+  Problem p;
+  p.qweight = static_cast<const uint8_t*>(qweight.const_data_ptr());
+  p.scales = static_cast<const uint16_t*>(scales.const_data_ptr());
+  p.row_scale = static_cast<const float*>(row_scale.const_data_ptr());
+  p.xi = xip;
+  p.xsum = xsum.data();
+  p.out = out.mutable_data_ptr();
+  p.out_f32 = xt == ScalarType::Float;
+  p.M = M;
+  p.N = out_features;
+  p.K = K;
+  p.ngroups = ngroups;
+  p.blocks_per_group = group_size / kBlockK;
+
+  // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
+  // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
+  const int64_t tile_group_bytes = K / 2 * kTile * kTileGroup;
+  const int64_t ntile_groups = (ntiles + kTileGroup - 1) / kTileGroup;
+  const int64_t grain = std::max<int64_t>(
+      1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
+  torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
+    run_range(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+  });
+  return out;
+}
+
+#endif  // SPECSERVE_INT4_NO_ISA
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
+  m.def(
+      "int4_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
+      "int group_size) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int4_gemm", TORCH_BOX(&int4_gemm)); }

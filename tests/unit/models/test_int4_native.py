@@ -1,0 +1,242 @@
+"""Native int4 CPU kernel: layout, accuracy against a float64 reference, bit-exact batch
+invariance, padding of N, argument errors and the ``SPECSERVE_INT4_NATIVE=0`` switch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from specserve.models import int4_native
+from specserve.models.int4_native import Int4Packed, matmul, pack
+from specserve.models.quant import Int4Weight, quantize_int4
+
+native = pytest.mark.skipif(
+    not int4_native.available(), reason=f"native int4 kernel: {int4_native.unavailable_reason()}"
+)
+
+
+def _weight(n: int, k: int, group_size: int = 64, seed: int = 0) -> Int4Weight:
+    gen = torch.Generator().manual_seed(seed)
+    return quantize_int4(torch.randn(n, k, generator=gen) * 0.05, group_size)
+
+
+def _random_codes_weight(n: int, k: int, group_size: int, seed: int = 0) -> Int4Weight:
+    """Random codes and scales (cheaper than quantising, for big shapes)."""
+    gen = torch.Generator().manual_seed(seed)
+    nibbles = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    scale = torch.rand(n, k // group_size, generator=gen) * 0.01 + 1e-3
+    minimum = -7.5 * scale + torch.randn(n, k // group_size, generator=gen) * 1e-3
+    return Int4Weight(nibbles, scale, minimum, group_size)
+
+
+def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    return x.double() @ weight.dequantize(torch.float64).T
+
+
+def _check_close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """Within bf16 rounding of the output: compare with rounding the exact result to bf16."""
+    err = (y.double() - ref).norm() / ref.norm()
+    rounding = (ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()
+    assert err <= 2.0 * rounding + 1e-4, (float(err), float(rounding))
+    worst = (y.double() - ref).abs().max() / ref.abs().max()
+    assert worst < 2e-2, float(worst)
+
+
+# ---------------------------------------------------------------- layout (no kernel) --------
+
+
+def test_pack_layout_and_padding() -> None:
+    n, k, gs = 21, 64, 32
+    weight = _weight(n, k, gs)
+    packed = pack(weight)
+    assert packed.qweight.shape == (2, k // 8, 64) and packed.qweight.dtype == torch.uint8
+    assert packed.scales.shape == (2, k // gs, 2, 16) and packed.scales.dtype == torch.float16
+    assert packed.row_scale.shape == (32,) and packed.out_features == n
+    assert packed.in_features == k
+    codes = weight.codes()
+    # Decode the documented byte order back into codes.
+    q = packed.qweight.view(2, k // 8, 4, 2, 4, 2)  # [T, B, L, h, t, e]
+    for nib, shift in ((0, 0), (1, 4)):
+        v = (q >> shift) & 0xF
+        v = v.permute(0, 2, 4, 1, 3, 5).reshape(32, k // 8, 2, 2)  # [row, B, h, e]
+        ks = torch.arange(k // 8)[:, None, None] * 8 + nib * 4 + torch.arange(4).view(1, 2, 2)
+        assert torch.equal(v[:n], codes[:, ks])
+        assert not v[n:].any()  # padding rows are zero
+    scale = packed.scales[:, :, 0].permute(0, 2, 1).reshape(32, -1).float()
+    mid = packed.scales[:, :, 1].permute(0, 2, 1).reshape(32, -1).float()
+    rs = packed.row_scale[:, None]
+    torch.testing.assert_close(scale[:n] * rs[:n], weight.scale, rtol=1e-3, atol=0)
+    expected_mid = weight.minimum + 7.5 * weight.scale
+    assert ((mid[:n] * rs[:n] - expected_mid).abs() <= 1e-3 * rs[:n]).all()  # fp16 of mid / rs
+    assert not scale[n:].any() and not mid[n:].any()
+    assert torch.equal(packed.row_scale[n:], torch.ones(32 - n))
+    exp = torch.frexp(packed.row_scale).exponent
+    assert torch.equal(packed.row_scale, torch.ldexp(torch.ones(32), exp - 1))  # powers of two
+
+
+def test_pack_rejects_unsupported_group_size() -> None:
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack(_weight(16, 60, group_size=6))
+
+
+def test_packed_validates_its_tensors() -> None:
+    packed = pack(_weight(20, 64))
+    with pytest.raises(ValueError, match="out_features"):
+        Int4Packed(packed.qweight, packed.scales, packed.row_scale, 40, 64)
+    with pytest.raises(ValueError, match="scales"):
+        Int4Packed(packed.qweight, packed.scales.float(), packed.row_scale, 20, 64)
+    with pytest.raises(ValueError, match="qweight"):
+        Int4Packed(packed.qweight.view(-1), packed.scales, packed.row_scale, 20, 64)
+
+
+def test_available_is_true_or_logs_a_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("SPECSERVE_INT4_NATIVE", raising=False)
+    monkeypatch.setattr(int4_native, "_state", {})  # decide again (reuses a loaded library)
+    with caplog.at_level(logging.WARNING, logger=int4_native.__name__):
+        ok = int4_native.available()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if ok:
+        assert int4_native.unavailable_reason() is None and not warnings
+    else:
+        reason = int4_native.unavailable_reason()
+        assert reason and len(warnings) == 1 and reason in warnings[0]
+
+
+def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSERVE_INT4_NATIVE", "0")
+    monkeypatch.setattr(int4_native, "_state", {})  # as in a fresh process
+    assert not int4_native.available()
+    assert "SPECSERVE_INT4_NATIVE" in (int4_native.unavailable_reason() or "")
+    assert int4_native._state == {}  # nothing was built or loaded
+    packed = pack(_weight(16, 64))
+    with pytest.raises(RuntimeError, match="not loaded"):
+        matmul(torch.randn(1, 64, dtype=torch.bfloat16), packed)
+
+
+def test_failed_build_reports_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(int4_native, "_state", {})
+    monkeypatch.setattr(int4_native, "_load", lambda: "build failed: no compiler")
+    with caplog.at_level(logging.WARNING, logger=int4_native.__name__):
+        assert not int4_native.available()
+        assert not int4_native.available()
+    assert int4_native.unavailable_reason() == "build failed: no compiler"
+    assert sum("no compiler" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+# ---------------------------------------------------------------- kernel --------------------
+
+
+@native
+@pytest.mark.parametrize(
+    ("n", "k", "gs"),
+    [
+        (1007, 896, 64),
+        (64, 1536, 32),
+        (48, 1536, 128),
+        (37, 4864, 64),
+        (24, 8960, 64),
+        (5, 256, 16),
+    ],
+)
+def test_matches_float64_reference(n: int, k: int, gs: int) -> None:
+    weight = _weight(n, k, gs)
+    packed = pack(weight)
+    gen = torch.Generator().manual_seed(1)
+    for m in (1, 2, 5, 11):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        y = matmul(x, packed)
+        assert y.shape == (m, n) and y.dtype == torch.bfloat16
+        _check_close(y, _reference(x, weight))
+
+
+@native
+def test_fp32_input_gives_fp32_output_of_the_bf16_rounded_input() -> None:
+    weight = _weight(40, 256)
+    packed = pack(weight)
+    x = torch.randn(3, 256)
+    y = matmul(x, packed)
+    assert y.dtype == torch.float32 and y.shape == (3, 40)
+    ref = _reference(x.to(torch.bfloat16), weight)
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-3  # fp16 scales, fp32 sums
+    assert torch.equal(y.to(torch.bfloat16), matmul(x.to(torch.bfloat16), packed))
+
+
+@native
+def test_leading_dims_and_empty_batch() -> None:
+    packed = pack(_weight(20, 128))
+    x = torch.randn(2, 3, 128, dtype=torch.bfloat16)
+    y = matmul(x, packed)
+    assert y.shape == (2, 3, 20)
+    assert torch.equal(y.view(6, 20), matmul(x.view(6, 128), packed))
+    assert matmul(torch.empty(0, 128, dtype=torch.bfloat16), packed).shape == (0, 20)
+
+
+@native
+def test_large_magnitude_weights_keep_their_precision() -> None:
+    """The per-row power-of-two row_scale keeps fp16 scales in range."""
+    weight = _weight(32, 128)
+    big = Int4Weight(weight.nibbles, weight.scale * 1e6, weight.minimum * 1e6, 64)
+    tiny = Int4Weight(weight.nibbles, weight.scale * 1e-9, weight.minimum * 1e-9, 64)
+    x = torch.randn(2, 128).to(torch.bfloat16)
+    for w in (big, tiny):
+        _check_close(matmul(x, pack(w)), _reference(x, w))
+
+
+@native
+@pytest.mark.parametrize(("n", "k", "gs"), [(1000 + 7, 1536, 64), (53, 896, 32), (40, 512, 128)])
+def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int) -> None:
+    """Row m of an M-row call equals the 1-row call, whatever M and the other rows are."""
+    packed = pack(_random_codes_weight(n, k, gs))
+    gen = torch.Generator().manual_seed(2)
+    probe = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    single = matmul(probe, packed)
+    for m in [*range(1, 17), 40]:
+        for pos in {0, m // 2, m - 1}:
+            x = (torch.randn(m, k, generator=gen) * 10).to(torch.bfloat16)
+            x[pos] = probe[0]
+            y = matmul(x, packed)
+            assert torch.equal(y[pos : pos + 1], single), (m, pos)
+
+
+@native
+def test_thread_count_does_not_change_results() -> None:
+    packed = pack(_random_codes_weight(16 * 37 + 3, 1536, 64))
+    x = torch.randn(5, 1536).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = matmul(x, packed)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, matmul(x, packed))
+
+
+@native
+def test_chunked_packing_matches_a_single_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = _random_codes_weight(100, 128, 64)
+    whole = pack(weight)
+    monkeypatch.setattr(int4_native, "_PACK_ROW_CHUNK", 32)
+    chunked = pack(weight)
+    for a, b in zip(
+        (whole.qweight, whole.scales, whole.row_scale),
+        (chunked.qweight, chunked.scales, chunked.row_scale),
+        strict=True,
+    ):
+        assert torch.equal(a, b)
+
+
+@native
+def test_argument_errors() -> None:
+    packed = pack(_weight(20, 128))
+    with pytest.raises(ValueError, match="128"):
+        matmul(torch.randn(2, 64, dtype=torch.bfloat16), packed)
+    with pytest.raises(ValueError, match="bf16 / fp32"):
+        matmul(torch.randn(2, 128, dtype=torch.float16), packed)
+    with pytest.raises(ValueError, match="128"):
+        matmul(torch.tensor(1.0, dtype=torch.bfloat16), packed)
