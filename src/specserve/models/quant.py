@@ -13,21 +13,26 @@ Terms:
         per-group range is clipped by a small search that minimises the group's squared
         error (plain min/max wastes levels on outliers).
 
-On CPU the matmuls run in PyTorch's packed kernels (``aten::_weight_int8pack_mm``,
-``aten::_weight_int4pack_mm_for_cpu``), which are fast for bf16/fp16 activations. Elsewhere
-(or when ``use_packed`` is off) the layer dequantises and calls ``F.linear``: slower, same
-result up to rounding. Portable tensors (:class:`Int4Weight`) are what the on-disk cache
-stores; the CPU packing is redone at load (it takes seconds).
+On CPU the matmuls run in packed kernels: int8 in PyTorch's ``aten::_weight_int8pack_mm``;
+int4 in specserve's own AVX-512 kernel (models/int4_native.py, built on first use) where the
+CPU has AVX-512 BF16, else in PyTorch's ``aten::_weight_int4pack_mm_for_cpu``. Both are fast
+for bf16 activations. Elsewhere (or when ``use_packed`` is off) the layer dequantises and
+calls ``F.linear``: slower, same result up to rounding. Portable tensors
+(:class:`Int4Weight`) are what the on-disk cache stores; the CPU packing is redone at load
+(it takes seconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from specserve.models.int4_native import Int4Packed
 
 QuantFormat = Literal["int8", "int4"]
 DEFAULT_GROUP_SIZE = 64
@@ -201,7 +206,16 @@ def _pack_int4_rows(weight: Int4Weight, pad: int) -> torch.Tensor:
 
 
 class Int4Linear(nn.Module):
-    """Linear layer over :class:`Int4Weight`; on CPU through the packed int4 kernel."""
+    """Linear layer over :class:`Int4Weight`; on CPU through a packed int4 kernel.
+
+    Args:
+        native: use specserve's kernel (models/int4_native.py); None = where it is available
+            (CPU, AVX-512 BF16, it builds, ``SPECSERVE_INT4_NATIVE`` not 0) and the compute
+            dtype is bf16 (the kernel rounds activations to bf16, which an fp32 model must
+            not). Its results are
+            bit-identical for a row whatever the batch, like PyTorch's kernel, but not the same
+            numbers as PyTorch's kernel (fp16 group scales, a different summation order).
+    """
 
     def __init__(
         self,
@@ -210,6 +224,7 @@ class Int4Linear(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         use_packed: bool | None = None,
+        native: bool | None = None,
     ) -> None:
         super().__init__()
         self.out_features = weight.nibbles.shape[0]
@@ -221,7 +236,25 @@ class Int4Linear(nn.Module):
         self.scales_and_zeros: torch.Tensor
         self.bias: torch.Tensor | None
         self.register_buffer("bias", None if bias is None else bias.to(device, dtype))
-        if self.use_packed:
+        self.native: Int4Packed | None = None
+        want_native = native if native is not None else dtype == torch.bfloat16
+        if self.use_packed and want_native and device.type == "cpu":
+            from specserve.models import int4_native
+
+            if int4_native.available():
+                self.native = int4_native.pack(weight)
+                self._native_matmul = int4_native.matmul
+            elif native:
+                raise RuntimeError(
+                    f"native int4 kernel requested but {int4_native.unavailable_reason()}"
+                )
+        if self.native is not None:
+            # The packed tensors are buffers (state_dict, memory accounting); the dataclass
+            # holds the same tensors for the kernel call.
+            self.register_buffer("qweight", self.native.qweight)
+            self.register_buffer("scales_and_zeros", self.native.scales)
+            self.register_buffer("row_scale", self.native.row_scale)
+        elif self.use_packed:
             pad = -self.out_features % _INT4_N_MULTIPLE
             scale = F.pad(weight.scale, (0, 0, 0, pad))
             # The kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale.
@@ -235,6 +268,9 @@ class Int4Linear(nn.Module):
             self.register_buffer("scales_and_zeros", sz.to(device, dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:  # takes [..., K]; fewest ops on the decode path
+            y = self._native_matmul(x, self.native)
+            return y if self.bias is None else y + self.bias
         x2 = x.reshape(-1, self.in_features)  # [M, K]
         if self.use_packed:
             sz = self.scales_and_zeros.to(x.dtype)
@@ -254,7 +290,11 @@ class Int4Linear(nn.Module):
         return (q * sz[..., 0:1] + sz[..., 1:2]).view(n, k)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int4 group={self.group_size}"
+        kernel = "native" if self.native is not None else "aten" if self.use_packed else "dequant"
+        return (
+            f"in={self.in_features}, out={self.out_features}, int4 group={self.group_size}, "
+            f"kernel={kernel}"
+        )
 
 
 # ------------------------------------------------------------- embedding --------------------

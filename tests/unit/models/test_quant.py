@@ -231,3 +231,28 @@ def test_fused_projections_compute_exactly_the_separate_rows(fmt: str) -> None:
         x = torch.randn(rows, 64).to(torch.bfloat16)
         assert torch.equal(attn.qkv_proj(x), torch.cat([p(x) for p in parts], dim=-1))
         assert torch.equal(mlp.gate_up_proj(x), torch.cat([p(x) for p in mlp_parts], dim=-1))
+
+
+def test_int4_linear_picks_the_native_kernel_for_bf16_only() -> None:
+    from specserve.models import int4_native
+
+    torch.manual_seed(3)
+    lin = nn.Linear(128, 40, bias=True).requires_grad_(False)
+    w4 = quantize_int4(lin.weight, 32)
+    auto_bf16 = Int4Linear(w4, lin.bias, torch.bfloat16)
+    aten = Int4Linear(w4, lin.bias, torch.bfloat16, native=False)
+    fp32 = Int4Linear(w4, lin.bias, torch.float32)
+    assert aten.native is None and fp32.native is None  # fp32 models keep fp32 activations
+    assert "kernel=aten" in aten.extra_repr()
+    if not int4_native.available():
+        assert auto_bf16.native is None
+        with pytest.raises(RuntimeError, match="native int4 kernel requested"):
+            Int4Linear(w4, lin.bias, torch.bfloat16, native=True)
+        return
+    assert auto_bf16.native is not None and "kernel=native" in auto_bf16.extra_repr()
+    x = torch.randn(2, 3, 128).to(torch.bfloat16)
+    ref = x.float() @ w4.dequantize().T + lin.bias
+    out = auto_bf16(x)
+    assert out.shape == (2, 3, 40) and out.dtype == torch.bfloat16
+    assert _rel_err(out, ref) < 3e-2
+    assert _rel_err(out, aten(x)) < 3e-2
