@@ -178,7 +178,7 @@ def profile_step(run_step: Callable[[], object], num_steps: int = 5, top: int = 
         for _ in range(num_steps):
             run_step()
         wall = time.perf_counter() - t0
-    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    events = [e for e in prof.key_averages() if e.key.startswith(("aten::", "specserve::"))]
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
     ops = [
         (e.key, e.self_cpu_time_total / 1e3 / num_steps, e.count / num_steps) for e in events[:top]
