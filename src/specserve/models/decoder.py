@@ -83,6 +83,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
+    max_rows = 16  # query rows up to which attention runs row by row (see attend)
+
     def __init__(self, cfg: ArchConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -162,10 +164,48 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """Scaled dot-product attention of ``q # [B, nh, T, hd]`` over
-        ``k, v # [B, nkv, S, hd]``; returns ``[B, nh, T, hd]``."""
+        ``k, v # [B, nkv, S, hd]``; returns ``[B, nh, T, hd]``.
+
+        Chunks of at most ``max_rows`` query rows (decode steps, k + 1-token verifies) run one
+        row at a time through :func:`attend_one_row`: every row runs the same fixed-shape fp32
+        ops whatever the chunk, so a verified token gets the attention output a decode step
+        gives it. Longer chunks (prefill) take the fused kernel, whose rows depend on the
+        block of rows around them.
+        """
+        t = q.shape[2]
+        if t <= self.max_rows:
+            kt = k.float().transpose(-1, -2)  # [B, nkv, hd, S], shared by the rows
+            vf = v.float()
+            rows = [
+                attend_one_row(q[:, :, i : i + 1], kt, vf, mask[:, :, i : i + 1]) for i in range(t)
+            ]
+            return rows[0] if t == 1 else torch.cat(rows, dim=2)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads
         )
+
+
+def attend_one_row(
+    q: torch.Tensor, kt: torch.Tensor, vf: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of one query row per sequence, in fp32, cast back to ``q``'s dtype.
+
+    Args:
+        q: ``# [B, nh, 1, hd]`` queries (query head i reads kv head i // (nh / nkv)).
+        kt: ``# [B, nkv, hd, S]`` keys, fp32, transposed.
+        vf: ``# [B, nkv, S, hd]`` values, fp32.
+        mask: ``# [B, 1, 1, S]`` True where a key is visible.
+
+    A handful of small fixed-shape ops: on CPU the fused flash kernel costs ~0.2-0.4 ms per
+    layer for a single query row, several times this, and a decode step is dispatch bound.
+    """
+    b, nh, _, hd = q.shape
+    nkv = kt.shape[1]
+    qg = q.reshape(b, nkv, nh // nkv, hd).float()
+    scores = torch.matmul(qg, kt).mul_(hd**-0.5)  # [B, nkv, g, S]
+    scores.masked_fill_(~mask, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # [B, nkv, g, hd]
+    return out.reshape(b, nh, 1, hd).to(q.dtype)
 
 
 class MLP(nn.Module):

@@ -117,8 +117,8 @@ class FastPathOptions:
         num_threads: ``torch.set_num_threads`` value; None leaves the setting alone.
         invariant_context_bucket: if set, batch-1 forwards attend over a context length that
             depends only on each token's position (see :class:`InvariantContextForward`), so
-            speculative greedy output equals plain greedy output with int8/int4 weights;
-            attention then also runs short chunks row by row (models/invariant_attention.py).
+            speculative greedy output equals plain greedy output with int8/int4 weights
+            (attention itself already runs short chunks row by row, models/decoder.py).
     """
 
     rope_tables: bool = True
@@ -147,10 +147,6 @@ def optimize_for_decode(model: DecoderLM, options: FastPathOptions | None = None
         model._specserve_compiled = True  # type: ignore[assignment]
     bucket = options.invariant_context_bucket
     if bucket is not None and not isinstance(model.forward, InvariantContextForward):
-        from specserve.models.invariant_attention import RowwiseAttention
-
-        for layer in model.model.layers:
-            layer.self_attn = RowwiseAttention(layer.self_attn)  # type: ignore[union-attr,arg-type]
         model.forward = InvariantContextForward(model.forward, bucket)  # type: ignore[method-assign]
     return model
 
