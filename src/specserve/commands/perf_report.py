@@ -10,6 +10,7 @@ import torch
 from specserve.commands.perf_arms import ArmResult
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import DecoderLM
+from specserve.spec.replay import common_prefix
 
 # Held-out text for the log-likelihood comparison (written for this benchmark).
 HELD_OUT_TEXT = (
@@ -29,12 +30,7 @@ HELD_OUT_TEXT = (
 
 def common_prefix_fraction(a: list[int], b: list[int]) -> float:
     """Share of ``b``'s tokens that ``a`` reproduces before the first difference."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n / max(len(b), 1)
+    return common_prefix(a, b) / max(len(b), 1)
 
 
 @torch.inference_mode()
