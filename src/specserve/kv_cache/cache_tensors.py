@@ -38,6 +38,10 @@ class KVCacheTensors:
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Per-layer views, made once: indexing ``self.k[layer]`` costs a dispatched op on
+        # every write and read, several per layer of every decode step.
+        self._k_layers = list(self.k.unbind(0))
+        self._v_layers = list(self.v.unbind(0))
 
     @staticmethod
     def bytes_per_block(
@@ -60,8 +64,8 @@ class KVCacheTensors:
             k: ``# [N, num_kv_heads, head_dim]``
             v: ``# [N, num_kv_heads, head_dim]``
         """
-        self.k[layer].index_copy_(0, slot_mapping, k)
-        self.v[layer].index_copy_(0, slot_mapping, v)
+        self._k_layers[layer].index_copy_(0, slot_mapping, k)
+        self._v_layers[layer].index_copy_(0, slot_mapping, v)
 
     def gather(self, layer: int, context_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Read keys/values of the given slots.
@@ -73,6 +77,6 @@ class KVCacheTensors:
         """
         b, s = context_slots.shape
         flat = context_slots.reshape(-1)
-        k = self.k[layer].index_select(0, flat).view(b, s, *self.k.shape[2:])
-        v = self.v[layer].index_select(0, flat).view(b, s, *self.v.shape[2:])
+        k = self._k_layers[layer].index_select(0, flat).view(b, s, *self.k.shape[2:])
+        v = self._v_layers[layer].index_select(0, flat).view(b, s, *self.v.shape[2:])
         return k, v

@@ -139,18 +139,27 @@ class Attention(nn.Module):
             ``(q # [B, T, nh, hd], keys # [B, S, nkv, hd], values # [B, S, nkv, hd])``.
         """
         b, t, _ = x.shape
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None and self.q_norm is None:
+            # q and k heads sit side by side in the fused output: one RoPE call for both
+            # (the same elementwise ops per element, half the dispatches).
+            qkv = self.qkv_proj(x)
+            qk = apply_rotary(qkv[..., : (nh + nkv) * hd].view(b, t, nh + nkv, hd), cos, sin)
+            q, k = qk.split((nh, nkv), dim=2)
+            v = qkv[..., (nh + nkv) * hd :].view(b, t, nkv, hd)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, t, self.num_heads, self.head_dim)
-        k = k.view(b, t, self.num_kv_heads, self.head_dim)
-        v = v.view(b, t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+            if self.qkv_proj is not None:
+                q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+            else:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            q = q.view(b, t, nh, hd)
+            k = k.view(b, t, nkv, hd)
+            v = v.view(b, t, nkv, hd)
+            if self.q_norm is not None and self.k_norm is not None:
+                q = self.q_norm(q)
+                k = self.k_norm(k)
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
         kv.write(
             self.layer_idx,
             meta.slot_mapping.reshape(-1),
