@@ -348,6 +348,28 @@ def _disabled() -> bool:
     return os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
 
 
+def _register_fake() -> None:
+    """Shape-only implementation of the op, so ``torch.compile`` can trace through it."""
+    if getattr(_register_fake, "done", False):
+        return
+
+    def fake(
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        row_scale: torch.Tensor,
+        out_features: int,
+        group_size: int,
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], out_features))
+
+    try:
+        torch.library.register_fake("specserve::int4_gemm", fake)
+    except RuntimeError as exc:  # registered already (e.g. the module was reloaded)
+        logger.debug("fake int4_gemm not registered: %s", exc)
+    _register_fake.done = True  # type: ignore[attr-defined]
+
+
 def available() -> bool:
     """Whether :func:`matmul` can run here (builds / loads the kernel on the first call).
 
@@ -360,6 +382,8 @@ def available() -> bool:
         with _lock:
             if "ok" not in _state:
                 reason = _load()
+                if reason is None:
+                    _register_fake()
                 if reason is not None:
                     logger.warning("native int4 kernel unavailable, falling back: %s", reason)
                 _state["reason"] = reason

@@ -240,3 +240,13 @@ def test_argument_errors() -> None:
         matmul(torch.randn(2, 128, dtype=torch.float16), packed)
     with pytest.raises(ValueError, match="128"):
         matmul(torch.tensor(1.0, dtype=torch.bfloat16), packed)
+
+
+@pytest.mark.skipif(not int4_native.available(), reason="native int4 kernel unavailable here")
+def test_compiles_with_torch_compile() -> None:
+    """The op has a fake (shape) implementation, so torch.compile traces through it."""
+    torch.manual_seed(0)
+    packed = int4_native.pack(quantize_int4(torch.randn(40, 128), 32))
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    compiled = torch.compile(lambda t: int4_native.matmul(t, packed) * 2, dynamic=False)
+    assert torch.equal(compiled(x), int4_native.matmul(x, packed) * 2)
