@@ -185,8 +185,10 @@ class Attention(nn.Module):
         if t <= self.max_rows:
             kt = k.float().transpose(-1, -2)  # [B, nkv, hd, S], shared by the rows
             vf = v.float()
+            hidden = ~mask  # once per chunk, not per row
             rows = [
-                attend_one_row(q[:, :, i : i + 1], kt, vf, mask[:, :, i : i + 1]) for i in range(t)
+                attend_one_row(q[:, :, i : i + 1], kt, vf, hidden[:, :, i : i + 1])
+                for i in range(t)
             ]
             return rows[0] if t == 1 else torch.cat(rows, dim=2)
         return F.scaled_dot_product_attention(
@@ -195,7 +197,7 @@ class Attention(nn.Module):
 
 
 def attend_one_row(
-    q: torch.Tensor, kt: torch.Tensor, vf: torch.Tensor, mask: torch.Tensor
+    q: torch.Tensor, kt: torch.Tensor, vf: torch.Tensor, hidden: torch.Tensor
 ) -> torch.Tensor:
     """Attention of one query row per sequence, in fp32, cast back to ``q``'s dtype.
 
@@ -203,7 +205,7 @@ def attend_one_row(
         q: ``# [B, nh, 1, hd]`` queries (query head i reads kv head i // (nh / nkv)).
         kt: ``# [B, nkv, hd, S]`` keys, fp32, transposed.
         vf: ``# [B, nkv, S, hd]`` values, fp32.
-        mask: ``# [B, 1, 1, S]`` True where a key is visible.
+        hidden: ``# [B, 1, 1, S]`` True where a key is not visible (the inverted mask).
 
     A handful of small fixed-shape ops: on CPU the fused flash kernel costs ~0.2-0.4 ms per
     layer for a single query row, several times this, and a decode step is dispatch bound.
@@ -212,7 +214,7 @@ def attend_one_row(
     nkv = kt.shape[1]
     qg = q.reshape(b, nkv, nh // nkv, hd).float()
     scores = torch.matmul(qg, kt).mul_(hd**-0.5)  # [B, nkv, g, S]
-    scores.masked_fill_(~mask, float("-inf"))
+    scores.masked_fill_(hidden, float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # [B, nkv, g, hd]
     return out.reshape(b, nh, 1, hd).to(q.dtype)
 
