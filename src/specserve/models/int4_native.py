@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from specserve.loading.paths import cache_root
 from specserve.models.quant import Int4Weight
 
 logger = logging.getLogger(__name__)
@@ -224,11 +225,6 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
 # ---------------------------------------------------------------- build / load --------------
 
 
-def _cache_root() -> Path:
-    env = os.environ.get("SPECSERVE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specserve"
-
-
 def _cpu_signature() -> tuple[str, set[str]]:
     """(model name, flags) of this CPU from /proc/cpuinfo ("" and {} where unreadable)."""
     model, flags = "", set[str]()
@@ -259,7 +255,7 @@ def _build_dir(model: str, flags: set[str]) -> Path:
     ):
         h.update(part)
         h.update(b"\0")
-    return _cache_root() / "kernels" / f"int4_gemv-{h.hexdigest()[:16]}"
+    return cache_root() / "kernels" / f"int4_gemv-{h.hexdigest()[:16]}"
 
 
 def _ensure_ninja() -> None:
