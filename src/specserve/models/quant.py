@@ -212,9 +212,9 @@ class Int4Linear(nn.Module):
         native: use specserve's kernel (models/int4_native.py); None = where it is available
             (CPU, AVX-512 BF16, it builds, ``SPECSERVE_INT4_NATIVE`` not 0) and the compute
             dtype is bf16 (the kernel rounds activations to bf16, which an fp32 model must
-            not). Its results are
-            bit-identical for a row whatever the batch, like PyTorch's kernel, but not the same
-            numbers as PyTorch's kernel (fp16 group scales, a different summation order).
+            not). Its results are bit-identical for a row whatever the batch, like PyTorch's
+            kernel, but not the same numbers as PyTorch's kernel (fp16 group scales, a
+            different summation order).
     """
 
     def __init__(
