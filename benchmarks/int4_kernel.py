@@ -1,0 +1,149 @@
+"""The native int4 kernel against PyTorch's, per matmul shape and per whole decoder step.
+
+``--part matmul``: for the Qwen2.5-Coder-1.5B shapes, weight bytes read per second by
+``specserve::int4_gemm`` and by ``aten::_weight_int4pack_mm_for_cpu`` at M = 1 and M = 5.
+Each timing rotates over enough weight copies (~100 MB) that reads come from memory, not
+from the last-level cache, as in real decoding; best of 3.
+
+``--part step``: median time of one target forward over T = 1, 2, 5, 8 new tokens at a
+200-token context (the invariant-context setup of ``specserve perf``), int4 weights, with
+whichever int4 kernel ``Int4Linear`` picks (set ``SPECSERVE_INT4_NATIVE=0`` for PyTorch's),
+and the number of operator calls one decode step dispatches.
+
+    python benchmarks/int4_kernel.py --part matmul
+    python benchmarks/int4_kernel.py --part step
+    SPECSERVE_INT4_NATIVE=0 python benchmarks/int4_kernel.py --part step
+
+Run it alone on the machine: it measures memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from specserve.models.quant import Int4Weight
+
+SHAPES = [(1536, 1536), (1536, 256), (1536, 8960), (8960, 1536), (1536, 151936)]  # K, N
+GROUP = 64
+
+
+def _random_weight(n: int, k: int) -> Int4Weight:
+    nibbles = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    scale = torch.rand(n, k // GROUP) * 0.01 + 1e-3
+    return Int4Weight(nibbles, scale, -8 * scale + torch.randn(n, k // GROUP) * 1e-3, GROUP)
+
+
+def _seconds_per_call(fn: Callable[[object], object], weights: list, budget_s: float) -> float:  # type: ignore[type-arg]
+    for w in weights:
+        fn(w)
+    t0 = time.perf_counter()
+    fn(weights[0])
+    rounds = max(1, int(budget_s / ((time.perf_counter() - t0) * len(weights))))
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for w in weights:
+            fn(w)
+    return (time.perf_counter() - t0) / (rounds * len(weights))
+
+
+def matmul_part() -> None:
+    from specserve.models import int4_native
+
+    if not int4_native.available():
+        raise SystemExit(f"native int4 kernel unavailable: {int4_native.unavailable_reason()}")
+    torch.manual_seed(0)
+    print("| K x N | M | ours us | ours GB/s | torch us | torch GB/s | speedup |")
+    print("|---|---|---|---|---|---|---|")
+    for k, n in SHAPES:
+        copies = max(1, int(100e6 // (k * n // 2)))
+        ours, theirs = [], []
+        for _ in range(copies):
+            w = _random_weight(n, k)
+            ours.append(int4_native.pack(w))
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                w.codes().to(torch.int32), 1
+            )
+            sz = torch.stack([w.scale, w.minimum + 8 * w.scale], -1).transpose(0, 1)
+            theirs.append((packed, sz.contiguous().to(torch.bfloat16)))
+        ours_bytes = ours[0].nbytes()
+        theirs_bytes = theirs[0][0].numel() + theirs[0][1].numel() * 2
+        for m in (1, 5):
+            x = torch.randn(m, k, dtype=torch.bfloat16)
+            t_ours = min(
+                _seconds_per_call(lambda p, x=x: int4_native.matmul(x, p), ours, 0.15)
+                for _ in range(3)
+            )
+            t_theirs = min(
+                _seconds_per_call(
+                    lambda w, x=x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, w[0], GROUP, w[1]),
+                    theirs,
+                    0.15,
+                )
+                for _ in range(3)
+            )
+            print(
+                f"| {k} x {n} | {m} | {t_ours * 1e6:.0f} | {ours_bytes / t_ours / 1e9:.1f} | "
+                f"{t_theirs * 1e6:.0f} | {theirs_bytes / t_theirs / 1e9:.1f} | "
+                f"{t_theirs / t_ours:.2f}x |",
+                flush=True,
+            )
+
+
+def step_part(model_name: str) -> None:
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.models.fast_path import FastPathOptions, optimize_for_decode
+    from specserve.models.quant_cache import load_in_format
+
+    lm = load_in_format(model_name, "int4", torch.bfloat16)
+    model = optimize_for_decode(lm.model, FastPathOptions(invariant_context_bucket=128))
+    print(f"{model_name}: lm_head {model.lm_head.extra_repr()}")
+    cache = SingleSequenceCache(model, 512)
+    cache.forward(list(range(100, 300)))
+    base = cache.num_tokens
+    for t in (1, 2, 5, 8):
+        times = []
+        for _ in range(12):
+            t0 = time.perf_counter()
+            hidden = cache.forward(list(range(5, 5 + t)))
+            model.compute_logits(hidden)
+            times.append(time.perf_counter() - t0)
+            cache.truncate(base)
+        print(f"T = {t}: {1000 * statistics.median(times[2:]):.1f} ms", flush=True)
+    print(f"ops dispatched by one decode step: {_count_ops(lambda: cache.forward([5]))}")
+
+
+def _count_ops(step: Callable[[], object]) -> int:
+    """Operator calls that reach the dispatcher in ``step`` (each costs a few µs in eager)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Counter.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode(), Counter():
+        step()
+    return Counter.calls
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--part", choices=["matmul", "step"], required=True)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="for --part step")
+    args = ap.parse_args()
+    if args.part == "matmul":
+        matmul_part()
+    else:
+        step_part(args.model)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
