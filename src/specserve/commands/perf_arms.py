@@ -56,9 +56,9 @@ class ArmResult:
 def measure_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
     """Read bandwidth in GB/s: the best of ``repeats`` sums over a ``size_mib`` buffer.
 
-    The buffer holds random numbers: a buffer of identical pages (``torch.ones``) measured
-    52 GB/s on a 2-core VM whose real streaming reads reach 32 GB/s, presumably because the
-    host merges identical pages, so their reads come from a few cached physical pages.
+    The buffer holds random numbers: a host may merge identical pages (``torch.ones``), and
+    reads of a few shared physical pages come from cache. Readings still vary from run to
+    run on a shared VM; compare them with the best achieved rate of a real decoder.
     """
     x = torch.rand(size_mib * (1 << 20) // 4, dtype=torch.float32)
     x.sum()
