@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models import fused_layer
 from specserve.models.arch import ArchConfig
 
 
@@ -243,6 +244,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # This layer's arguments of the native fused layer op (models/fused_layer.py).
+        self.fused: fused_layer.LayerWeights | None = None
 
     def forward(self, x, cos, sin, meta, mask, kv):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, mask, kv)
@@ -272,6 +275,8 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # Short forwards run each layer as one native op (models/fused_layer.py: enable).
+        self.fused_layers = False
         # An inference engine: no parameter ever needs a gradient.
         self.requires_grad_(False)
 
@@ -300,6 +305,8 @@ class DecoderLM(nn.Module):
         assert input_ids.shape == meta.positions.shape == meta.slot_mapping.shape
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
+        if self.fused_layers and input_ids.shape[1] <= fused_layer.MAX_ROWS:
+            return self.model.norm(fused_layer.run_layers(self, x, cos, sin, meta, kv))
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # once here, not twice in every layer
         mask = meta.attention_mask()
         for layer in self.model.layers:

@@ -22,11 +22,13 @@ Usage::
         packed = int4_native.pack(weight)  # once, at load; Int4Packed's tensors are buffers
         y = int4_native.matmul(x, packed)  # [..., N]
 
-Build: ``torch.utils.cpp_extension.load`` compiles ``csrc/int4_gemv.cpp`` (``-O3
--march=native``, against torch's stable C++ ABI headers: ~3 s) into
-``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``, the key hashing the source, the flags, the
-torch and Python versions and this CPU's model and flags (the cache may be shared between
-machines); later processes only load it. The op is ``torch.ops.specserve.int4_gemm``.
+Build: ``torch.utils.cpp_extension.load`` compiles ``csrc/int4_gemv.cpp`` and
+``csrc/decoder_layer.cpp`` (``-O3 -march=native``, against torch's stable C++ ABI headers:
+a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``, the key hashing the
+sources, the flags, the torch and Python versions and this CPU's model and flags (the cache may
+be shared between machines); later processes only load it. The ops are
+``torch.ops.specserve.int4_gemm`` and ``torch.ops.specserve.int4_decoder_layer`` (see
+models/fused_layer.py).
 :func:`available` is False (the reason logged once, see :func:`unavailable_reason`) when
 ``SPECSERVE_INT4_NATIVE=0``, on a CPU without AVX-512 BF16 / GFNI, or when the build or a
 self-test fails; callers then fall back.
@@ -65,7 +67,10 @@ TILE_ROWS = 16  # output rows per tile: one per fp32 lane of a zmm register
 BLOCK_K = 8  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
-_SOURCE = Path(__file__).parent / "csrc" / "int4_gemv.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+# One library: the matmul, and the fused decoder layer (models/fused_layer.py) that calls it.
+_SOURCES = (_CSRC / "int4_gemv.cpp", _CSRC / "decoder_layer.cpp")
+_HEADERS = (_CSRC / "int4_gemv.h",)
 # -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
 # written in every instantiation (batch invariance).
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
@@ -245,7 +250,7 @@ def _cpu_signature() -> tuple[str, set[str]]:
 def _build_dir(model: str, flags: set[str]) -> Path:
     h = hashlib.sha256()
     for part in (
-        _SOURCE.read_bytes(),
+        *(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
         " ".join(_CFLAGS).encode(),
         torch.__version__.encode(),
         sys.version.encode(),
@@ -307,7 +312,7 @@ def _build(model: str, flags: set[str]) -> Path:
         lock.unlink(missing_ok=True)  # left by a build that was killed
     cpp_extension.load(
         name="specserve_int4_gemv",
-        sources=[str(_SOURCE)],
+        sources=[str(path) for path in _SOURCES],
         extra_cflags=list(_CFLAGS),
         build_directory=str(build),
         is_python_module=False,

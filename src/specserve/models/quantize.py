@@ -27,6 +27,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from specserve.models import fused_layer
 from specserve.models.decoder import DecoderLM
 from specserve.models.quant import (
     DEFAULT_GROUP_SIZE,
@@ -177,6 +178,8 @@ def apply_quantized(
     for module in model.modules():
         for pname, param in list(module.named_parameters(recurse=False)):
             setattr(module, pname, nn.Parameter(param.detach().clone(), requires_grad=False))
+    if fmt == "int4":
+        fused_layer.enable(model)  # one native op per layer where the model qualifies
     return model
 
 

@@ -39,6 +39,8 @@
 
 #include <immintrin.h>
 
+#include "int4_gemv.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -59,13 +61,6 @@ constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the u
 constexpr int64_t kPrefetch = 1024; // bytes ahead in a tile's stream (multi-row kernels)
 
 #ifndef SPECSERVE_INT4_NO_ISA
-
-bool cpu_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-         __builtin_cpu_supports("gfni");
-}
 
 struct Problem {
   const uint8_t* qweight;  // [ntiles, K / 8, 64]
@@ -272,68 +267,64 @@ void group_sums(const uint16_t* x, float* xsum, int64_t M, int64_t K, int64_t G)
 
 #endif  // SPECSERVE_INT4_NO_ISA
 
+}  // namespace
+
+namespace specserve_native {
+
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
+PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Tensor& row_scale,
+                           int64_t out_features, int64_t group_size, const char* what) {
+  STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
+                  ": CPU tensors only");
+  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.dim() == 3 &&
+                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
+                  what, ": qweight must be contiguous uint8 [Np/16, K/8, 64]");
+  const int64_t ntiles = qweight.size(0);
+  const int64_t K = qweight.size(1) * kBlockK;
+  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0, what,
+                  ": group_size must be a multiple of 8 dividing K");
+  const int64_t ngroups = K / group_size;
+  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
+                  ": out_features does not match the packed rows");
+  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
+                      scales.numel() == ntiles * ngroups * 2 * kTile,
+                  what, ": scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
+  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
+                      row_scale.numel() == ntiles * kTile,
+                  what, ": row_scale must be contiguous fp32 [Np]");
+  return PackedWeight{static_cast<const uint8_t*>(qweight.const_data_ptr()),
+                      static_cast<const uint16_t*>(scales.const_data_ptr()),
+                      static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
+                      group_size};
+}
+
 #ifdef SPECSERVE_INT4_NO_ISA
 
-Tensor int4_gemm(const Tensor& x_in, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                 int64_t) {
-  STD_TORCH_CHECK(false, "int4_gemm: built for a CPU without AVX-512 BF16 / GFNI");
-  return x_in;
+bool cpu_supported() { return false; }
+
+void int4_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
+  STD_TORCH_CHECK(false, "int4 kernel built for a CPU without AVX-512 BF16 / GFNI");
 }
 
 #else
 
-// A new CPU tensor [rows, cols], fp32 or bf16 (the C shim: cheaper than a dispatcher call).
-Tensor empty_2d(int64_t rows, int64_t cols, bool f32) {
-  const int64_t sizes[2] = {rows, cols};
-  const int64_t strides[2] = {cols, 1};
-  AtenTensorHandle handle = nullptr;
-  const int32_t dtype = f32 ? aoti_torch_dtype_float32() : aoti_torch_dtype_bfloat16();
-  STD_TORCH_CHECK(aoti_torch_empty_strided(2, sizes, strides, dtype, aoti_torch_device_type_cpu(),
-                                           0, &handle) == AOTI_TORCH_SUCCESS,
-                  "int4_gemm: cannot allocate the output");
-  return Tensor(handle);
+bool cpu_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("gfni");
 }
 
-Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
-                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
-  STD_TORCH_CHECK(cpu_supported(), "int4_gemm: this CPU lacks AVX-512 BF16 / GFNI");
-  STD_TORCH_CHECK(x_in.is_cpu() && qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(),
-                  "int4_gemm: CPU tensors only");
-  STD_TORCH_CHECK(x_in.dim() == 2, "int4_gemm: x must be [M, K]");
-  const ScalarType xt = x_in.scalar_type();
-  STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
-                  "int4_gemm: x must be bf16 or fp32");
-  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.dim() == 3 &&
-                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
-                  "int4_gemm: qweight must be contiguous uint8 [Np/16, K/8, 64]");
-  const int64_t ntiles = qweight.size(0);
-  const int64_t K = qweight.size(1) * kBlockK;
-  STD_TORCH_CHECK(x_in.size(1) == K, "int4_gemm: x has ", x_in.size(1), " inputs, weight ", K);
-  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0,
-                  "int4_gemm: group_size must be a multiple of 8 dividing K");
-  const int64_t ngroups = K / group_size;
-  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile,
-                  "int4_gemm: out_features does not match the packed rows");
-  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
-                      scales.numel() == ntiles * ngroups * 2 * kTile,
-                  "int4_gemm: scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
-  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
-                      row_scale.numel() == ntiles * kTile,
-                  "int4_gemm: row_scale must be contiguous fp32 [Np]");
-
-  Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
-  if (!x.is_contiguous()) x = torch::stable::contiguous(x);
-  const int64_t M = x.size(0);
-  Tensor out = empty_2d(M, out_features, xt == ScalarType::Float);
-  if (M == 0 || out_features == 0) return out;
+void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
+  const int64_t K = w.K, ngroups = K / w.group_size;
+  const int64_t ntiles = (w.N + kTile - 1) / kTile;
+  if (M == 0 || w.N == 0) return;
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
-  const auto* xp = static_cast<const uint16_t*>(x.const_data_ptr());
-  group_sums(xp, xsum.data(), M, K, group_size);
+  group_sums(x, xsum.data(), M, K, w.group_size);
   std::vector<uint32_t> xi;
-  const uint32_t* xip = static_cast<const uint32_t*>(x.const_data_ptr());  // 1 row: itself
+  const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
   if (M > 1) {
     xi.resize(static_cast<size_t>(M * K / 2));
     interleave_rows(xip, xi.data(), M, K);
@@ -341,18 +332,18 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   }
 
   Problem p;
-  p.qweight = static_cast<const uint8_t*>(qweight.const_data_ptr());
-  p.scales = static_cast<const uint16_t*>(scales.const_data_ptr());
-  p.row_scale = static_cast<const float*>(row_scale.const_data_ptr());
+  p.qweight = w.qweight;
+  p.scales = w.scales;
+  p.row_scale = w.row_scale;
   p.xi = xip;
   p.xsum = xsum.data();
-  p.out = out.mutable_data_ptr();
-  p.out_f32 = xt == ScalarType::Float;
+  p.out = out;
+  p.out_f32 = out_f32;
   p.M = M;
-  p.N = out_features;
+  p.N = w.N;
   p.K = K;
   p.ngroups = ngroups;
-  p.blocks_per_group = group_size / kBlockK;
+  p.blocks_per_group = w.group_size / kBlockK;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
@@ -363,10 +354,51 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
     run_range(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
   });
-  return out;
 }
 
 #endif  // SPECSERVE_INT4_NO_ISA
+
+// A new CPU tensor [rows, cols], fp32 or bf16 (the C shim: cheaper than a dispatcher call).
+Tensor empty_2d(int64_t rows, int64_t cols, bool f32) {
+  const int64_t sizes[2] = {rows, cols};
+  const int64_t strides[2] = {cols, 1};
+  AtenTensorHandle handle = nullptr;
+  const int32_t dtype = f32 ? aoti_torch_dtype_float32() : aoti_torch_dtype_bfloat16();
+  STD_TORCH_CHECK(aoti_torch_empty_strided(2, sizes, strides, dtype, aoti_torch_device_type_cpu(),
+                                           0, &handle) == AOTI_TORCH_SUCCESS,
+                  "cannot allocate a ", rows, " x ", cols, " tensor");
+  return Tensor(handle);
+}
+
+}  // namespace specserve_native
+
+namespace {
+
+using specserve_native::PackedWeight;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
+  STD_TORCH_CHECK(specserve_native::cpu_supported(),
+                  "int4_gemm: this CPU lacks AVX-512 BF16 / GFNI");
+  STD_TORCH_CHECK(x_in.is_cpu(), "int4_gemm: CPU tensors only");
+  STD_TORCH_CHECK(x_in.dim() == 2, "int4_gemm: x must be [M, K]");
+  const ScalarType xt = x_in.scalar_type();
+  STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
+                  "int4_gemm: x must be bf16 or fp32");
+  const PackedWeight w = specserve_native::packed_weight(qweight, scales, row_scale,
+                                                         out_features, group_size, "int4_gemm");
+  STD_TORCH_CHECK(x_in.size(1) == w.K, "int4_gemm: x has ", x_in.size(1), " inputs, weight ",
+                  w.K);
+  Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
+  if (!x.is_contiguous()) x = torch::stable::contiguous(x);
+  const bool f32 = xt == ScalarType::Float;
+  Tensor out = specserve_native::empty_2d(x.size(0), out_features, f32);
+  specserve_native::int4_matmul(static_cast<const uint16_t*>(x.const_data_ptr()), x.size(0), w,
+                                out.mutable_data_ptr(), f32);
+  return out;
+}
 
 }  // namespace
 

@@ -1,0 +1,37 @@
+// Internal interface of the int4 kernel (int4_gemv.cpp) for the other native ops built into
+// the same library (decoder_layer.cpp): the packed-weight checks and the raw matmul.
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+
+namespace specserve_native {
+
+// A packed int4 weight (layout: int4_gemv.cpp, int4_native.py), checked and as raw pointers.
+struct PackedWeight {
+  const uint8_t* qweight;  // [Np / 16, K / 8, 64]
+  const uint16_t* scales;  // fp16 bits [Np / 16, K / G, 2, 16]
+  const float* row_scale;  // [Np]
+  int64_t N, K, group_size;
+};
+
+// Checks dtype, shape and contiguity of the three packed tensors (what: the caller's name for
+// the weight, in the error message) and returns their pointers.
+PackedWeight packed_weight(const torch::stable::Tensor& qweight,
+                           const torch::stable::Tensor& scales,
+                           const torch::stable::Tensor& row_scale, int64_t out_features,
+                           int64_t group_size, const char* what);
+
+// out[M, N] = x[M, K] @ w.T with x contiguous bf16; out bf16 (or fp32 when out_f32), row
+// stride N. Splits N over torch's intra-op threads; the arithmetic of a row never depends on
+// M or the split.
+void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32);
+
+// Whether this CPU runs the kernels (AVX-512 BF16 and GFNI).
+bool cpu_supported();
+
+// A new contiguous CPU tensor [rows, cols], fp32 or bf16.
+torch::stable::Tensor empty_2d(int64_t rows, int64_t cols, bool f32);
+
+}  // namespace specserve_native

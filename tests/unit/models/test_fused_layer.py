@@ -1,0 +1,168 @@
+"""Fused decoder layers (one native op per layer, int4 weights, bf16): when the path is on,
+agreement with the eager layers, bit-exact invariance to chunking, batching and context
+padding, argument errors, the environment switch and torch.compile."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specserve.kv_cache.single_sequence import SingleSequenceCache
+from specserve.models import fused_layer, int4_native
+from specserve.models.decoder import AttentionMetadata, DecoderLM
+from specserve.models.quantize import quantize_model
+from tests.conftest import make_tiny_model
+
+native = pytest.mark.skipif(
+    not int4_native.available(), reason=f"native int4 kernel: {int4_native.unavailable_reason()}"
+)
+
+SHAPE = dict(hidden_size=128, intermediate_size=192, num_heads=4, num_kv_heads=2, head_dim=32)
+
+
+def _model(
+    family: str = "qwen2",
+    fmt: str = "int4",
+    dtype: torch.dtype = torch.bfloat16,
+    **overrides: object,
+) -> DecoderLM:
+    tiny = make_tiny_model(family, seed=0, **{**SHAPE, **overrides}).to(dtype)
+    return quantize_model(tiny, fmt, 32)  # type: ignore[arg-type]
+
+
+def _eager_twin(model: DecoderLM) -> DecoderLM:
+    twin = copy.deepcopy(model)
+    fused_layer.disable(twin)
+    return twin
+
+
+IDS = [5, 17, 3, 44, 9, 71, 2, 30, 8, 61, 12, 19, 27, 4, 50, 33, 6, 90, 14, 21, 38, 11]
+
+
+@native
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_enabled_for_int4_bf16(family: str) -> None:
+    model = _model(family)
+    assert model.fused_layers and fused_layer.why_not(model) is None
+    assert all(layer.fused is not None for layer in model.model.layers)
+
+
+@native
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(dtype=torch.float32), "bf16"),
+        (dict(fmt="int8"), "native int4"),
+        (dict(family="qwen3"), "q/k norms"),
+        (dict(head_dim=16), "head_dim 16"),
+    ],
+)
+def test_off_where_the_model_does_not_qualify(kwargs: dict, reason: str) -> None:  # type: ignore[type-arg]
+    model = _model(**kwargs)
+    assert not model.fused_layers
+    why = fused_layer.why_not(model)
+    assert why is not None and reason in why, why
+
+
+@native
+def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSERVE_FUSED_LAYER", "0")
+    model = _model()
+    assert not model.fused_layers
+    assert "SPECSERVE_FUSED_LAYER" in str(fused_layer.why_not(model))
+
+
+@native
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v bias
+def test_agrees_with_the_eager_layers(family: str) -> None:
+    """Prefill (eager in both), then decode steps: fused and eager hidden states agree to
+    bf16 rounding, and so do the greedy tokens."""
+    fused = _model(family)
+    eager = _eager_twin(fused)
+    a, b = SingleSequenceCache(fused, 64), SingleSequenceCache(eager, 64)
+    assert torch.equal(a.forward(IDS[:18]), b.forward(IDS[:18]))  # 18 > MAX_ROWS: eager
+    for chunk in ([3], [7, 1, 22], [40]):
+        ha, hb = a.forward(chunk), b.forward(chunk)
+        err = float((ha.float() - hb.float()).norm() / hb.float().norm())
+        assert err < 2e-2, err
+        assert torch.equal(fused.compute_logits(ha).argmax(-1), eager.compute_logits(hb).argmax(-1))
+
+
+@native
+def test_chunks_equal_token_by_token_bit_for_bit() -> None:
+    model = _model()
+    one = SingleSequenceCache(model, 64)
+    one.forward(IDS[:18])
+    by_token = torch.cat([one.forward([i]) for i in IDS])
+    for chunk in (2, 5, 16):
+        cache = SingleSequenceCache(model, 64)
+        cache.forward(IDS[:18])
+        parts = [cache.forward(IDS[j : j + chunk]) for j in range(0, len(IDS), chunk)]
+        assert torch.equal(torch.cat(parts), by_token), chunk
+
+
+def _meta(seqs: list[tuple[int, int, int]], block: int, pad: int = 0) -> AttentionMetadata:
+    """Metadata for sequences ``(i, cached, new)`` (one row each, equal ``new``): sequence i
+    owns the blocks from ``1 + 4i`` on (block 0 is scratch); contexts are padded with the
+    scratch slot to a common length plus ``pad``."""
+    s = max(c + n for _, c, n in seqs) + pad
+    positions, slots, context = [], [], []
+    for i, cached, new in seqs:
+        base = (1 + 4 * i) * block
+        positions.append(list(range(cached, cached + new)))
+        slots.append([base + p for p in range(cached, cached + new)])
+        context.append([base + j for j in range(cached + new)] + [0] * (s - cached - new))
+    return AttentionMetadata(torch.tensor(positions), torch.tensor(slots), torch.tensor(context))
+
+
+@native
+def test_rows_do_not_depend_on_the_batch_or_the_context_padding() -> None:
+    """Two sequences of different lengths in one padded batch give the bits each gets alone,
+    with any amount of context padding."""
+    model = _model()
+    block = 16
+    prompts = [IDS[:9], IDS[4:20]]
+    new = [[3, 8, 1], [60, 2, 9]]
+
+    def run(which: list[int], pad: int) -> list[torch.Tensor]:
+        kv = model.make_kv_cache(num_blocks=1 + 4 * len(prompts), block_size=block)
+        for i in which:
+            model(torch.tensor([prompts[i]]), _meta([(i, 0, len(prompts[i]))], block), kv)
+        meta = _meta([(i, len(prompts[i]), 3) for i in which], block, pad)
+        return list(model(torch.tensor([new[i] for i in which]), meta, kv))
+
+    both = run([0, 1], 0)
+    assert torch.equal(both[0], run([0], 0)[0])
+    assert torch.equal(both[1], run([1], 0)[0])
+    assert torch.equal(both[1], run([0, 1], 13)[1])
+
+
+@native
+def test_bad_arguments_raise_clear_errors() -> None:
+    model = _model()
+    kv = model.make_kv_cache(num_blocks=4, block_size=16)
+    x = torch.zeros(1, 1, 128, dtype=torch.bfloat16)
+    cos = sin = torch.zeros(1, 1, 32, dtype=torch.bfloat16)
+    ctx = torch.tensor([[16] * 8])
+    outside = AttentionMetadata(torch.tensor([[40]]), torch.tensor([[20]]), ctx)
+    with pytest.raises(RuntimeError, match="position 40 outside the 8 context slots"):
+        fused_layer.run_layers(model, x, cos, sin, outside, kv)
+    bad_slot = AttentionMetadata(torch.tensor([[0]]), torch.tensor([[999]]), torch.tensor([[16]]))
+    with pytest.raises(RuntimeError, match="slot 999 outside the cache"):
+        fused_layer.run_layers(model, x, cos, sin, bad_slot, kv)
+    meta = AttentionMetadata(torch.tensor([[0]]), torch.tensor([[16]]), torch.tensor([[16]]))
+    with pytest.raises(RuntimeError, match="x must be a contiguous CPU bf16"):
+        fused_layer.run_layers(model, x.float(), cos, sin, meta, kv)
+
+
+@native
+def test_runs_under_torch_compile() -> None:
+    model = _model()
+    cache = SingleSequenceCache(model, 64)
+    cache.forward(IDS[:18])
+    expected = cache.forward([7, 9])
+    cache.truncate(18)
+    model.forward = torch.compile(model.forward, dynamic=True)  # type: ignore[method-assign]
+    assert torch.equal(cache.forward([7, 9]), expected)
