@@ -102,7 +102,8 @@ void rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, in
 
 // y[i] = bf16(a[i] + b[i]) over n values (n a multiple of 16).
 void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) store_bf16(y + i, _mm512_add_ps(load_bf16(a + i), load_bf16(b + i)));
+  for (int64_t i = 0; i < n; i += 16)
+    store_bf16(y + i, _mm512_add_ps(load_bf16(a + i), load_bf16(b + i)));
 }
 
 // In place on one head of hd values: the "rotate half" RoPE of apply_rotary, every product
@@ -143,7 +144,8 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   std::vector<float> acc(static_cast<size_t>(group * hd), 0.0f);
   for (int64_t g = 0; g < group; ++g) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
-    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(&q[g * hd + c * 16], load_bf16(qr + c * 16));
+    for (int64_t c = 0; c < chunks; ++c)
+      _mm512_storeu_ps(&q[g * hd + c * 16], load_bf16(qr + c * 16));
   }
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t* kr = a.k_cache + (ctx[j] * a.nkv + h) * hd;
@@ -181,13 +183,15 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
       const __m512 v = load_bf16(vr + c * 16);
       for (int64_t g = 0; g < group; ++g) {
         float* o = &acc[g * hd + c * 16];
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * n + j]), v, _mm512_loadu_ps(o)));
+        const __m512 w = _mm512_set1_ps(scores[g * n + j]);
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(w, v, _mm512_loadu_ps(o)));
       }
     }
   }
   for (int64_t g = 0; g < group; ++g) {
     uint16_t* o = a.out + m * a.nh * hd + (h * group + g) * hd;
-    for (int64_t c = 0; c < chunks; ++c) store_bf16(o + c * 16, _mm512_loadu_ps(&acc[g * hd + c * 16]));
+    for (int64_t c = 0; c < chunks; ++c)
+      store_bf16(o + c * 16, _mm512_loadu_ps(&acc[g * hd + c * 16]));
   }
 }
 
@@ -207,7 +211,9 @@ void silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t M, int64_t I) {
 
 #endif  // SPECSERVE_INT4_NO_ISA
 
-const uint16_t* bf16_data(const Tensor& t) { return static_cast<const uint16_t*>(t.const_data_ptr()); }
+const uint16_t* bf16_data(const Tensor& t) {
+  return static_cast<const uint16_t*>(t.const_data_ptr());
+}
 
 void check_bf16(const Tensor& t, int64_t numel, const char* name) {
   STD_TORCH_CHECK(t.is_cpu() && t.scalar_type() == ScalarType::BFloat16 && t.is_contiguous() &&
