@@ -8,11 +8,19 @@ from the last-level cache, as in real decoding; best of 3.
 ``--part step``: median time of one target forward over T = 1, 2, 5, 8 new tokens at a
 200-token context (the invariant-context setup of ``specserve perf``), int4 weights, with
 whichever int4 kernel ``Int4Linear`` picks (set ``SPECSERVE_INT4_NATIVE=0`` for PyTorch's),
-and the number of operator calls one decode step dispatches.
+and the number of operator calls one decode step dispatches. ``SPECSERVE_FUSED_LAYER=0``
+runs the eager layers instead of one native op per layer (models/fused_layer.py).
+
+``--part thp``: the same 1-token step with the packed weights in transparent huge pages
+(models/huge_pages.py, as loaded) and in ordinary 4 KiB pages (a deep copy of the model),
+the two models' steps alternating so that both see the same machine; medians of 60 each.
+Then the read-bandwidth sum of ``specserve perf`` over 1 GiB in either kind of page.
 
     python benchmarks/int4_kernel.py --part matmul
     python benchmarks/int4_kernel.py --part step
     SPECSERVE_INT4_NATIVE=0 python benchmarks/int4_kernel.py --part step
+    SPECSERVE_FUSED_LAYER=0 python benchmarks/int4_kernel.py --part step
+    python benchmarks/int4_kernel.py --part thp
 
 Run it alone on the machine: it measures memory bandwidth.
 """
@@ -94,16 +102,27 @@ def matmul_part() -> None:
             )
 
 
-def step_part(model_name: str) -> None:
-    from specserve.kv_cache.single_sequence import SingleSequenceCache
+def _load_int4(model_name: str):  # type: ignore[no-untyped-def]
     from specserve.models.fast_path import FastPathOptions, optimize_for_decode
     from specserve.models.quant_cache import load_in_format
 
     lm = load_in_format(model_name, "int4", torch.bfloat16)
     model = optimize_for_decode(lm.model, FastPathOptions(invariant_context_bucket=128))
-    print(f"{model_name}: lm_head {model.lm_head.extra_repr()}")
+    print(f"{model_name}: lm_head {model.lm_head.extra_repr()}, fused layers {model.fused_layers}")
+    return model
+
+
+def _cache_at_200(model):  # type: ignore[no-untyped-def]
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+
     cache = SingleSequenceCache(model, 512)
     cache.forward(list(range(100, 300)))
+    return cache
+
+
+def step_part(model_name: str) -> None:
+    model = _load_int4(model_name)
+    cache = _cache_at_200(model)
     base = cache.num_tokens
     for t in (1, 2, 5, 8):
         times = []
@@ -115,6 +134,50 @@ def step_part(model_name: str) -> None:
             cache.truncate(base)
         print(f"T = {t}: {1000 * statistics.median(times[2:]):.1f} ms", flush=True)
     print(f"ops dispatched by one decode step: {_count_ops(lambda: cache.forward([5]))}")
+
+
+def thp_part(model_name: str) -> None:
+    import copy
+
+    from specserve.models import fused_layer, huge_pages
+
+    if not huge_pages.available():
+        raise SystemExit("transparent huge pages are not available here")
+    huge = _load_int4(model_name)
+    held = huge_pages.resident_huge_bytes() or 0
+    small = copy.deepcopy(huge)  # torch.empty copies: 4 KiB pages
+    if huge.fused_layers:
+        fused_layer.enable(small)  # the copy's own tensors
+    print(f"resident in huge pages: {held / 2**20:.0f} MiB after loading")
+    caches = {"huge pages": _cache_at_200(huge), "4 KiB pages": _cache_at_200(small)}
+    times: dict[str, list[float]] = {name: [] for name in caches}
+    for _ in range(60):
+        for name, cache in caches.items():
+            t0 = time.perf_counter()
+            cache.model.compute_logits(cache.forward([5]))
+            times[name].append(time.perf_counter() - t0)
+            cache.truncate(200)
+    medians = {name: statistics.median(t[5:]) for name, t in times.items()}
+    for name, m in medians.items():
+        print(f"{name}: T = 1 median {1000 * m:.1f} ms")
+    print(f"huge / 4 KiB step time: {medians['huge pages'] / medians['4 KiB pages']:.3f}")
+    del caches, huge, small
+    n = (1 << 30) // 4  # the read-bandwidth sum of `specserve perf`, in both kinds of pages
+    buffers = {"huge pages": huge_pages.empty((n,), torch.float32), "4 KiB pages": torch.empty(n)}
+    before = huge_pages.resident_huge_bytes() or 0
+    for x in buffers.values():
+        x.uniform_()
+    gained = (huge_pages.resident_huge_bytes() or 0) - before
+    print(f"1 GiB sum buffers: {gained / 2**20:.0f} MiB more in huge pages")
+    best = {name: float("inf") for name in buffers}
+    for _ in range(5):  # alternating, best of 5 each
+        for name, x in buffers.items():
+            x.sum()
+            t0 = time.perf_counter()
+            x.sum()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    for name, t in best.items():
+        print(f"1 GiB fp32 sum in {name}: {n * 4 / t / 1e9:.1f} GB/s")
 
 
 def _count_ops(step: Callable[[], object]) -> int:
@@ -135,11 +198,15 @@ def _count_ops(step: Callable[[], object]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["matmul", "step"], required=True)
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="for --part step")
+    ap.add_argument("--part", choices=["matmul", "step", "thp"], required=True)
+    ap.add_argument(
+        "--model", default="qwen2.5-coder-1.5b-instruct", help="for --part step and thp"
+    )
     args = ap.parse_args()
     if args.part == "matmul":
         matmul_part()
+    elif args.part == "thp":
+        thp_part(args.model)
     else:
         step_part(args.model)
     return 0

@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 
 from specserve.loading.paths import cache_root
+from specserve.models import huge_pages
 from specserve.models.quant import Int4Weight
 
 logger = logging.getLogger(__name__)
@@ -168,8 +169,9 @@ def pack(weight: Int4Weight) -> Int4Packed:
     if weight.minimum.shape != weight.scale.shape:
         raise ValueError("int4 minimum and scale shapes differ")
     tiles = -(-n // TILE_ROWS)
-    qweight = torch.empty(tiles, k // BLOCK_K, 64, dtype=torch.uint8)
-    scales = torch.empty(tiles, k // gs, 2, TILE_ROWS, dtype=torch.float16)
+    # Streamed once per token: huge pages where the host allows (models/huge_pages.py).
+    qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.uint8)
+    scales = huge_pages.empty((tiles, k // gs, 2, TILE_ROWS), torch.float16)
     row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
     for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _PACK_ROW_CHUNK)

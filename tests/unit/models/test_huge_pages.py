@@ -1,0 +1,70 @@
+"""Huge-page-backed weight tensors: shapes, slab sharing, the fallbacks, the env switch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.models import huge_pages
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def fresh_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huge_pages, "_state", {})
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages here")
+def test_large_tensors_share_an_advised_slab(fresh_state: None) -> None:
+    a = huge_pages.empty((3, MIB), torch.uint8)
+    b = huge_pages.empty((MIB // 2, 2), torch.float16)
+    assert a.shape == (3, MIB) and a.dtype == torch.uint8 and a.is_contiguous()
+    assert b.shape == (MIB // 2, 2) and b.dtype == torch.float16 and b.is_contiguous()
+    assert _storage(a) == _storage(b)  # cut from the same slab
+    assert a.data_ptr() % huge_pages.HUGE_PAGE == 0  # the slab's first tensor: page aligned
+    assert b.data_ptr() % 64 == 0 and b.data_ptr() >= a.data_ptr() + a.numel()
+    a.fill_(7)
+    b.fill_(1.5)
+    assert bool((a == 7).all()) and bool((b == 1.5).all())  # no overlap
+    big = huge_pages.empty((huge_pages.SLAB_BYTES,), torch.uint8)
+    assert _storage(big) != _storage(a)  # over half a slab: a slab of its own
+    # 3 + 2 + 31 MiB fit in the 64 MiB slab; another 31 MiB start the next one.
+    rest = huge_pages.empty((huge_pages.SLAB_BYTES // 2 - MIB,), torch.uint8)
+    assert _storage(rest) == _storage(a)
+    nxt = huge_pages.empty((huge_pages.SLAB_BYTES // 2 - MIB,), torch.uint8)
+    assert _storage(nxt) != _storage(a)
+
+
+def test_small_tensors_are_ordinary(fresh_state: None) -> None:
+    t = huge_pages.empty((16, 16), torch.float32)
+    assert t.shape == (16, 16) and t.untyped_storage().nbytes() == 16 * 16 * 4
+
+
+def test_env_switch_and_thp_off_fall_back(
+    fresh_state: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SPECSERVE_HUGE_PAGES", "0")
+    assert not huge_pages.available()
+    t = huge_pages.empty((4, MIB), torch.uint8)
+    assert t.untyped_storage().nbytes() == 4 * MIB
+    monkeypatch.delenv("SPECSERVE_HUGE_PAGES")
+    mode = tmp_path / "enabled"
+    mode.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "_THP_MODE", mode)
+    assert not huge_pages.available()
+    assert huge_pages.empty((4, MIB), torch.uint8).untyped_storage().nbytes() == 4 * MIB
+    monkeypatch.setattr(huge_pages, "_state", {})
+    monkeypatch.setattr(huge_pages, "_THP_MODE", tmp_path / "missing")
+    assert not huge_pages.available()
+
+
+def test_resident_huge_bytes_is_a_count_or_none() -> None:
+    got = huge_pages.resident_huge_bytes()
+    assert got is None or got >= 0
