@@ -58,9 +58,10 @@ def measure_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
 
     The buffer holds random numbers: a host may merge identical pages (``torch.ones``), and
     reads of a few shared physical pages come from cache. It lies in huge pages where the host
-    allows (models/huge_pages.py), as the int4 weights do: over 4 KiB pages the same sum reads
-    ~20 % slower here, TLB misses rather than memory setting the pace. Readings still vary
-    from run to run on a shared VM; compare them with the best achieved rate of a real decoder.
+    allows (models/huge_pages.py), as the int4 weights do: over 4 KiB pages the same sum read
+    4-10 % slower in ``benchmarks/int4_kernel.py --part thp``, TLB misses adding to the memory
+    time. Readings still vary from run to run on a shared VM; compare them with the best
+    achieved rate of a real decoder.
     """
     from specserve.models import huge_pages
 

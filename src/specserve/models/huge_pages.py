@@ -3,8 +3,9 @@
 Why: a decode step streams the whole weight set (~0.9 GB for the 1.5B model in int4) from
 memory. With 4 KiB pages that is ~220,000 pages per token, and every page's translation misses
 the TLB (a nested page walk under a hypervisor). Weights in 2 MiB pages read faster: in
-``benchmarks/int4_kernel.py --part thp`` a decode step of the 1.5B int4 model took 7-9 % less
-time with its packed weights in huge pages than with the same weights in 4 KiB pages.
+``benchmarks/int4_kernel.py --part thp`` a decode step of the 1.5B int4 model took 6-12 % less
+time (four runs) with its packed weights in huge pages than with the same weights in 4 KiB
+pages.
 
 How: :func:`empty` hands out slices of 64 MiB slabs whose 2 MiB-aligned interior was given
 ``madvise(MADV_HUGEPAGE)`` before anything touched it, so the kernel backs them with huge pages
