@@ -295,6 +295,9 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Run the decoder over a padded batch, writing its K/V into ``kv``.
 
+        With :attr:`fused_layers` on (models/fused_layer.py), forwards of at most
+        ``fused_layer.MAX_ROWS`` tokens per sequence run each layer as one native op.
+
         Args:
             input_ids: ``# [B, T]`` token ids (padding: any valid id).
             meta: positions and cache slots of those tokens.

@@ -5,6 +5,8 @@ Terms:
     step overhead: wall time of a forward that is not spent reading weights — Python
         dispatch of ~45 small ops per layer, temporaries, RoPE recomputation. At batch 1 a
         1.5B int4 model reads ~0.9 GB per token (~25 ms at 35 GB/s), so milliseconds matter.
+        (int4 bf16 models on the native kernel skip most of it: models/fused_layer.py runs
+        each layer of a decode or verify step as one op.)
 
 Everything here keeps the call contract of :class:`DecoderLM` (``model(ids, meta, kv)``),
 so generation, the engine, draft proposers and the oracle use an optimised model unchanged.
