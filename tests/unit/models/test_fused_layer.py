@@ -26,9 +26,10 @@ def _model(
     family: str = "qwen2",
     fmt: str = "int4",
     dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
     **overrides: object,
 ) -> DecoderLM:
-    tiny = make_tiny_model(family, seed=0, **{**SHAPE, **overrides}).to(dtype)
+    tiny = make_tiny_model(family, seed=seed, **{**SHAPE, **overrides}).to(dtype)
     return quantize_model(tiny, fmt, 32)  # type: ignore[arg-type]
 
 
@@ -166,3 +167,33 @@ def test_runs_under_torch_compile() -> None:
     cache.truncate(18)
     model.forward = torch.compile(model.forward, dynamic=True)  # type: ignore[method-assign]
     assert torch.equal(cache.forward([7, 9]), expected)
+
+
+@native
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_engine_batching_and_speculation_equal_plain(method: str) -> None:
+    """Continuous batching (staggered arrivals, chunked prefill) with speculation on fused
+    int4 models gives exactly batch-1 plain greedy output. Prompts are at most MAX_ROWS
+    tokens, so every forward of both runs takes the fused path."""
+    import random
+
+    from specserve.engine.generate import generate_plain
+    from specserve.sampling_params import SamplingParams
+    from tests.integration.test_engine_plain import run_staggered, tokens_of
+    from tests.integration.test_engine_spec import make_engine
+
+    target = _model(vocab_size=13)
+    draft = _model(vocab_size=13, seed=1) if method == "draft" else None
+    assert target.fused_layers and (draft is None or draft.fused_layers)
+    engine = make_engine(target, method, 3, draft)
+    rng = random.Random(0)
+    prompts = {
+        f"r{i}": [rng.randrange(12) for _ in range(rng.randint(2, fused_layer.MAX_ROWS))]
+        for i in range(5)
+    }
+    params = {rid: SamplingParams(max_tokens=rng.randint(6, 20)) for rid in prompts}
+    outs = run_staggered(engine, prompts, params, {rid: i for i, rid in enumerate(prompts)})
+    for rid, prompt in prompts.items():
+        ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid
+    assert engine.stats().spec.num_drafts > 0
