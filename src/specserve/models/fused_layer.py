@@ -8,7 +8,7 @@ buffers.
 
 When: :func:`enable` is called on every model quantised to int4 (models/quantize.py). It turns
 the path on only where every layer can take it: bf16 activations on CPU, every projection on
-the native int4 kernel (models/int4_native.py), no q/k norm (Qwen3), head_dim a multiple of 32.
+the native int4 kernel (models/int4_native.py), head_dim a multiple of 32.
 Chunks of at most ``MAX_ROWS`` new tokens per sequence (decode steps, ``k + 1``-token
 verifies) take it; longer chunks (prefill) keep the eager path. ``SPECSERVE_FUSED_LAYER=0``
 turns it off (checked when a model is set up), e.g. to compare both paths.
@@ -69,22 +69,28 @@ class _NotFusable(Exception):
 
 def _layer_weights(model: DecoderLM, layer: DecoderLayer) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
-    if attn.q_norm is not None:
-        raise _NotFusable("q/k norms are not supported")
     qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
     qkv_args = _native_args(qkv, "qkv_proj")
     o_args = _native_args(attn.o_proj, "o_proj")
     gu_args = _native_args(gate_up, "gate_up_proj")
     down_args = _native_args(mlp.down_proj, "down_proj")
     assert isinstance(qkv, Int4Linear) and isinstance(gate_up, Int4Linear)
-    bias = qkv.bias if qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
-    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    none = torch.empty(0, dtype=torch.bfloat16)
+    bias = qkv.bias if qkv.bias is not None else none
+    norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+    qk_norms = (none, none)
+    if attn.q_norm is not None and attn.k_norm is not None:  # Qwen3: per-head RMSNorm
+        if attn.q_norm.eps != layer.input_layernorm.eps:
+            raise _NotFusable("q/k norms with their own eps")
+        qk_norms = (attn.q_norm.weight, attn.k_norm.weight)
+        norms += qk_norms
     if any(n.dtype != torch.bfloat16 or not n.is_contiguous() for n in norms):
         raise _NotFusable("norm weights are not contiguous bf16")
     args = (
         norms[0],
         *qkv_args,
         bias.contiguous(),
+        *qk_norms,
         qkv.group_size,
         *o_args,
         attn.o_proj.group_size,  # type: ignore[union-attr]

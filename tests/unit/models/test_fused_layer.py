@@ -43,7 +43,7 @@ IDS = [5, 17, 3, 44, 9, 71, 2, 30, 8, 61, 12, 19, 27, 4, 50, 33, 6, 90, 14, 21, 
 
 
 @native
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_enabled_for_int4_bf16(family: str) -> None:
     model = _model(family)
     assert model.fused_layers and fused_layer.why_not(model) is None
@@ -56,7 +56,6 @@ def test_enabled_for_int4_bf16(family: str) -> None:
     [
         (dict(dtype=torch.float32), "bf16"),
         (dict(fmt="int8"), "native int4"),
-        (dict(family="qwen3"), "q/k norms"),
         (dict(head_dim=16), "head_dim 16"),
     ],
 )
@@ -76,7 +75,7 @@ def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @native
-@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: q/k/v bias
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])  # q/k/v bias; q/k norms
 def test_agrees_with_the_eager_layers(family: str) -> None:
     """Prefill (eager in both), then decode steps: fused and eager hidden states agree to
     bf16 rounding, and so do the greedy tokens."""
@@ -92,8 +91,9 @@ def test_agrees_with_the_eager_layers(family: str) -> None:
 
 
 @native
-def test_chunks_equal_token_by_token_bit_for_bit() -> None:
-    model = _model()
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_chunks_equal_token_by_token_bit_for_bit(family: str) -> None:
+    model = _model(family)
     one = SingleSequenceCache(model, 64)
     one.forward(IDS[:18])
     by_token = torch.cat([one.forward([i]) for i in IDS])

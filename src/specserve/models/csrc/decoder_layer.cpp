@@ -1,5 +1,6 @@
 // One whole decoder layer in one call, for bf16 models whose projections run on the native
-// int4 kernel (int4_gemv.cpp): RMSNorm, fused q/k/v projection (+ bias), RoPE, KV-cache write,
+// int4 kernel (int4_gemv.cpp): RMSNorm, fused q/k/v projection (+ bias, + per-head q/k
+// RMSNorm for Qwen3), RoPE, KV-cache write,
 // attention, output projection, residual, RMSNorm, fused gate/up projection, SiLU * up, down
 // projection, residual. Registered as torch.ops.specserve.int4_decoder_layer; the Python side
 // is specserve/models/fused_layer.py.
@@ -238,7 +239,8 @@ Tensor int4_decoder_layer(
     const Tensor& x, const Tensor& positions, const Tensor& slot_mapping,
     const Tensor& context_slots, const Tensor& cos, const Tensor& sin, Tensor k_cache,
     Tensor v_cache, const Tensor& input_norm, const Tensor& qkv_qweight, const Tensor& qkv_scales,
-    const Tensor& qkv_row_scale, const Tensor& qkv_bias, int64_t qkv_group,
+    const Tensor& qkv_row_scale, const Tensor& qkv_bias, const Tensor& q_norm,
+    const Tensor& k_norm, int64_t qkv_group,
     const Tensor& o_qweight, const Tensor& o_scales, const Tensor& o_row_scale, int64_t o_group,
     const Tensor& post_norm, const Tensor& gate_up_qweight, const Tensor& gate_up_scales,
     const Tensor& gate_up_row_scale, int64_t gate_up_group, const Tensor& down_qweight,
@@ -286,6 +288,13 @@ Tensor int4_decoder_layer(
                   " heads of ", hd);
   const bool has_bias = qkv_bias.numel() > 0;
   if (has_bias) check_bf16(qkv_bias, n_qkv, "qkv_bias");
+  const bool has_qk_norm = q_norm.numel() > 0;
+  STD_TORCH_CHECK(has_qk_norm == (k_norm.numel() > 0),
+                  "int4_decoder_layer: q_norm and k_norm come together");
+  if (has_qk_norm) {
+    check_bf16(q_norm, hd, "q_norm");
+    check_bf16(k_norm, hd, "k_norm");
+  }
   const auto* pos = static_cast<const int64_t*>(positions.const_data_ptr());
   const auto* slot = static_cast<const int64_t*>(slot_mapping.const_data_ptr());
   const auto* ctx = static_cast<const int64_t*>(context_slots.const_data_ptr());
@@ -321,6 +330,10 @@ Tensor int4_decoder_layer(
   auto* vc = static_cast<uint16_t*>(v_cache.mutable_data_ptr());
   for (int64_t m = 0; m < M; ++m) {
     uint16_t* row = s.qkv.data() + m * n_qkv;
+    if (has_qk_norm)  // per head, in place (rms_norm reads a value before writing it)
+      for (int64_t head = 0; head < nh + nkv; ++head)
+        rms_norm(row + head * hd, bf16_data(head < nh ? q_norm : k_norm), row + head * hd, 1,
+                 hd, feps);
     for (int64_t head = 0; head < nh + nkv; ++head)  // q heads, then k heads
       rope_head(row + head * hd, bf16_data(cos) + m * hd, bf16_data(sin) + m * hd, hd);
     std::memcpy(kc + slot[m] * nkv * hd, row + nh * hd, nkv * hd * sizeof(uint16_t));
@@ -349,7 +362,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
       "int4_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "
       "Tensor qkv_qweight, Tensor qkv_scales, Tensor qkv_row_scale, Tensor qkv_bias, "
-      "int qkv_group, Tensor o_qweight, Tensor o_scales, Tensor o_row_scale, int o_group, "
+      "Tensor q_norm, Tensor k_norm, int qkv_group, Tensor o_qweight, Tensor o_scales, Tensor o_row_scale, int o_group, "
       "Tensor post_norm, Tensor gate_up_qweight, Tensor gate_up_scales, "
       "Tensor gate_up_row_scale, int gate_up_group, Tensor down_qweight, Tensor down_scales, "
       "Tensor down_row_scale, int down_group, int num_heads, int num_kv_heads, float eps) "
