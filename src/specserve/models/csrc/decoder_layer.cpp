@@ -140,9 +140,11 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   const int64_t p = a.positions[m], n = p + 1;
   const int64_t* ctx = a.context_slots + (m / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
-  std::vector<float> q(static_cast<size_t>(group * hd));
-  std::vector<float> scores(static_cast<size_t>(group * n));
-  std::vector<float> acc(static_cast<size_t>(group * hd), 0.0f);
+  // Per worker thread, reused across calls (no allocation per head and layer).
+  thread_local std::vector<float> q, scores, acc;
+  q.resize(static_cast<size_t>(group * hd));
+  scores.resize(static_cast<size_t>(group * n));
+  acc.assign(static_cast<size_t>(group * hd), 0.0f);
   for (int64_t g = 0; g < group; ++g) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
     for (int64_t c = 0; c < chunks; ++c)
