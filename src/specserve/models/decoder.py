@@ -84,7 +84,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    max_rows = 16  # query rows up to which attention runs row by row (see attend)
+    # Query rows up to which attention runs row by row (see attend): the decode / verify
+    # chunk sizes, the same bound as the fused layer path's.
+    max_rows = fused_layer.MAX_ROWS
 
     def __init__(self, cfg: ArchConfig, layer_idx: int) -> None:
         super().__init__()

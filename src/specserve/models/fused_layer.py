@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from specserve.models.env_switch import switched_off
 from specserve.models.quant import Int4Linear
 
 if TYPE_CHECKING:  # decoder.py imports this module
@@ -52,10 +53,6 @@ def _layers(model: DecoderLM) -> list[DecoderLayer]:
     return [cast("DecoderLayer", layer) for layer in model.model.layers]
 
 
-def _disabled() -> bool:
-    return os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
-
-
 def _native_args(linear: object, what: str) -> tuple[object, ...]:
     if not isinstance(linear, Int4Linear) or linear.native is None:
         raise _NotFusable(f"{what} is not on the native int4 kernel")
@@ -67,7 +64,7 @@ class _NotFusable(Exception):
     pass
 
 
-def _layer_weights(model: DecoderLM, layer: DecoderLayer) -> LayerWeights:
+def _layer_weights(layer: DecoderLayer) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
     qkv_args = _native_args(qkv, "qkv_proj")
@@ -106,11 +103,11 @@ def _layer_weights(model: DecoderLM, layer: DecoderLayer) -> LayerWeights:
     return LayerWeights(attn.layer_idx, args)
 
 
-def why_not(model: DecoderLM) -> str | None:
-    """Why ``model`` cannot take the fused path (None: it can)."""
+def _plan(model: DecoderLM) -> list[LayerWeights] | str:
+    """Every layer's fused-call arguments, or why ``model`` cannot take the fused path."""
     from specserve.models import int4_native
 
-    if _disabled():
+    if switched_off(_ENV_SWITCH):
         return f"disabled by {_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)}"
     if model.dtype != torch.bfloat16 or model.device.type != "cpu":
         return f"needs bf16 on CPU, the model is {model.dtype} on {model.device}"
@@ -120,25 +117,28 @@ def why_not(model: DecoderLM) -> str | None:
     if not int4_native.available():
         return f"native int4 kernel unavailable: {int4_native.unavailable_reason()}"
     try:
-        for layer in _layers(model):
-            _layer_weights(model, layer)
+        return [_layer_weights(layer) for layer in _layers(model)]
     except _NotFusable as exc:
         return str(exc)
-    return None
+
+
+def why_not(model: DecoderLM) -> str | None:
+    """Why ``model`` cannot take the fused path (None: it can)."""
+    plan = _plan(model)
+    return plan if isinstance(plan, str) else None
 
 
 def enable(model: DecoderLM) -> bool:
     """Give every layer of ``model`` its fused-call arguments and switch the model's short
     forwards to :func:`run_layers` if the whole model qualifies (see the module docstring);
     returns whether it did. Idempotent."""
-    reason = why_not(model)
-    if reason is not None:
-        logger.debug("fused decoder layers off: %s", reason)
+    plan = _plan(model)
+    if isinstance(plan, str):
+        logger.debug("fused decoder layers off: %s", plan)
         disable(model)
         return False
-    for layer in _layers(model):
-        layer.fused = _layer_weights(model, layer)
-    _register_fake()
+    for layer, weights in zip(_layers(model), plan, strict=True):
+        layer.fused = weights
     model.fused_layers = True
     return True
 
@@ -183,18 +183,3 @@ def run_layers(
             *w.args,
         )
     return rows.view(b, t, h)
-
-
-def _register_fake() -> None:
-    """Shape-only implementation, so ``torch.compile`` can trace a forward through the op."""
-    if getattr(_register_fake, "done", False):
-        return
-
-    def fake(x: torch.Tensor, *args: object) -> torch.Tensor:
-        return x.new_empty(x.shape)
-
-    try:
-        torch.library.register_fake("specserve::int4_decoder_layer", fake)
-    except RuntimeError as exc:  # registered already
-        logger.debug("fake int4_decoder_layer not registered: %s", exc)
-    _register_fake.done = True  # type: ignore[attr-defined]

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import sys
 import threading
 from pathlib import Path
 
 import torch
+
+from specserve.models.env_switch import switched_off
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +40,6 @@ _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "madvise": the libc function or None; "slab": current slab
-
-
-def _disabled() -> bool:
-    return os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _madvise() -> object | None:
@@ -64,7 +61,7 @@ def _madvise() -> object | None:
 
 def available() -> bool:
     """Whether :func:`empty` can hand out huge-page-backed memory here."""
-    return not _disabled() and _madvise() is not None
+    return not switched_off(_ENV_SWITCH) and _madvise() is not None
 
 
 class _Slab:

@@ -51,6 +51,7 @@ import torch
 
 from specserve.loading.paths import cache_root
 from specserve.models import huge_pages
+from specserve.models.env_switch import switched_off
 from specserve.models.quant import Int4Weight
 
 logger = logging.getLogger(__name__)
@@ -348,15 +349,14 @@ def _self_test() -> str | None:
 
 
 def _disabled() -> bool:
-    return os.environ.get(_ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+    return switched_off(_ENV_SWITCH)
 
 
-def _register_fake() -> None:
-    """Shape-only implementation of the op, so ``torch.compile`` can trace through it."""
-    if getattr(_register_fake, "done", False):
-        return
+def _register_fakes() -> None:
+    """Shape-only implementations of the library's ops (the matmul and the fused decoder
+    layer of models/fused_layer.py), so ``torch.compile`` can trace through them."""
 
-    def fake(
+    def gemm(
         x: torch.Tensor,
         qweight: torch.Tensor,
         scales: torch.Tensor,
@@ -366,11 +366,14 @@ def _register_fake() -> None:
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features))
 
-    try:
-        torch.library.register_fake("specserve::int4_gemm", fake)
-    except RuntimeError as exc:  # registered already (e.g. the module was reloaded)
-        logger.debug("fake int4_gemm not registered: %s", exc)
-    _register_fake.done = True  # type: ignore[attr-defined]
+    def decoder_layer(x: torch.Tensor, *args: object) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+    for name, fake in (("int4_gemm", gemm), ("int4_decoder_layer", decoder_layer)):
+        try:
+            torch.library.register_fake(f"specserve::{name}", fake)
+        except RuntimeError as exc:  # registered already (e.g. the module was reloaded)
+            logger.debug("fake %s not registered: %s", name, exc)
 
 
 def available() -> bool:
@@ -386,7 +389,7 @@ def available() -> bool:
             if "ok" not in _state:
                 reason = _load()
                 if reason is None:
-                    _register_fake()
+                    _register_fakes()
                 if reason is not None:
                     logger.warning("native int4 kernel unavailable, falling back: %s", reason)
                 _state["reason"] = reason
