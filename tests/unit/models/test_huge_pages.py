@@ -65,6 +65,11 @@ def test_env_switch_and_thp_off_fall_back(
     assert not huge_pages.available()
 
 
-def test_resident_huge_bytes_is_a_count_or_none() -> None:
+def test_resident_huge_bytes_reads_smaps_rollup() -> None:
     got = huge_pages.resident_huge_bytes()
-    assert got is None or got >= 0
+    rollup = Path("/proc/self/smaps_rollup")
+    if not rollup.exists():
+        assert got is None
+        return
+    assert isinstance(got, int) and got >= 0 and got % 1024 == 0
+    assert "AnonHugePages:" in rollup.read_text()
