@@ -10,7 +10,7 @@ Measured side by side in one run:
    safetensors cache, into a temporary cache directory) and the cached load, per dtype; and
    transformers loading the same GGUF (``from_pretrained(gguf_file=...)``).
 2. Decode tokens/s, batch 1, greedy, fixed length (EOS ignored), same chat prompt: ours
-   (``specserve.engine.generate.generate_plain``) and transformers' ``generate``; decode time
+   (``specserve.spec_decode.plain_loop.generate_plain``) and transformers' ``generate``; decode time
    excludes prefill on both sides (transformers: time(N tokens) - time(1 token)). Also whether
    the greedy token ids are equal.
 """
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from specserve.engine.generate import generate_plain
 from specserve.loading import CATALOG, load_model
 from specserve.loading.transport import fetch
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

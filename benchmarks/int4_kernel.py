@@ -9,10 +9,10 @@ from the last-level cache, as in real decoding; best of 3.
 200-token context (the invariant-context setup of ``specserve perf``), int4 weights, with
 whichever int4 kernel ``Int4Linear`` picks (set ``SPECSERVE_INT4_NATIVE=0`` for PyTorch's),
 and the number of operator calls one decode step dispatches. ``SPECSERVE_FUSED_LAYER=0``
-runs the eager layers instead of one native op per layer (models/fused_layer.py).
+runs the eager layers instead of one native op per layer (models/native/fused_layer.py).
 
 ``--part thp``: the same 1-token step with the packed weights in transparent huge pages
-(models/huge_pages.py, as loaded) and in ordinary 4 KiB pages (a deep copy of the model),
+(models/native/huge_pages.py, as loaded) and in ordinary 4 KiB pages (a deep copy of the model),
 the two models' steps alternating so that both see the same machine; medians of 60 each.
 Then the read-bandwidth sum of ``specserve perf`` over 1 GiB in either kind of page.
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from specserve.models.quant import Int4Weight
+from specserve.models.quant.int4_weight import Int4Weight
 
 SHAPES = [(1536, 1536), (1536, 256), (1536, 8960), (8960, 1536), (1536, 151936)]  # K, N
 GROUP = 64
@@ -60,7 +60,7 @@ def _seconds_per_call(fn: Callable[[object], object], weights: list, budget_s: f
 
 
 def matmul_part() -> None:
-    from specserve.models import int4_native
+    from specserve.models.native import int4_native
 
     if not int4_native.available():
         raise SystemExit(f"native int4 kernel unavailable: {int4_native.unavailable_reason()}")
@@ -103,8 +103,8 @@ def matmul_part() -> None:
 
 
 def _load_int4(model_name: str):  # type: ignore[no-untyped-def]
+    from specserve.loading.quant_cache import load_in_format
     from specserve.models.fast_path import FastPathOptions, optimize_for_decode
-    from specserve.models.quant_cache import load_in_format
 
     lm = load_in_format(model_name, "int4", torch.bfloat16)
     model = optimize_for_decode(lm.model, FastPathOptions(invariant_context_bucket=128))
@@ -139,7 +139,7 @@ def step_part(model_name: str) -> None:
 def thp_part(model_name: str) -> None:
     import copy
 
-    from specserve.models import fused_layer, huge_pages
+    from specserve.models.native import fused_layer, huge_pages
 
     if not huge_pages.available():
         raise SystemExit("transparent huge pages are not available here")

@@ -6,7 +6,7 @@ text. This command removes that: for each prompt it decodes the target's plain g
 then asks the draft, at every position of that text, for its k_max-token greedy draft and
 records how many tokens match (the *run length*). It also measures the step costs (target
 forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
-those costs (specserve.spec.replay) gives its decode time on exactly the text plain decoding
+those costs (specserve.spec_decode.replay) gives its decode time on exactly the text plain decoding
 produced. The adaptive controller is replayed over the prompts in order with one shared
 controller, as a server would see them.
 
@@ -29,18 +29,18 @@ import torch
 from spec import SUITES as PROMPTS  # the same prompts as the live benchmark
 
 from specserve.config import WEIGHT_FORMATS
-from specserve.spec.k_controller import KController
-from specserve.spec.replay import StepCosts, common_prefix, replay
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.replay import StepCosts, common_prefix, replay
 
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     from specserve.commands.generate import make_proposer
-    from specserve.engine.generate import generate_plain
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.loading import load_model
-    from specserve.models.quant_cache import load_in_format
+    from specserve.loading.quant_cache import load_in_format
     from specserve.sampling_params import SamplingParams
-    from specserve.spec.proposer import ProposeInput
+    from specserve.spec_decode.plain_loop import generate_plain
+    from specserve.spec_decode.proposer import ProposeInput
 
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     target = load_model(args.target, dtype=dtype)

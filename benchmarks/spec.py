@@ -30,15 +30,15 @@ import torch
 
 from specserve.commands.generate import make_proposer
 from specserve.config import WEIGHT_FORMATS
-from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.loading import load_model
-from specserve.models.quant_cache import load_in_format
+from specserve.loading.quant_cache import load_in_format
 from specserve.sampling_params import SamplingParams
-from specserve.spec.draft_model import check_vocab_compatible
-from specserve.spec.generate import SpecGenerationResult, generate_speculative
-from specserve.spec.k_controller import KController
-from specserve.spec.proposer import Proposer
-from specserve.spec.stats import SpecDecodingStats
+from specserve.spec_decode.draft_model import check_vocab_compatible
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
+from specserve.spec_decode.proposer import Proposer
+from specserve.spec_decode.speculative_loop import SpecGenerationResult, generate_speculative
+from specserve.spec_decode.stats import SpecDecodingStats
 
 SUITES: dict[str, list[tuple[str, str]]] = {
     "structured": [

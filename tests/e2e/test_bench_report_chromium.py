@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from specserve.bench.compare import compare
+from specserve.bench.inputs import BenchSpec, ClosedLoop, WorkloadSpec
 from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.bench.runner import run_ab
-from specserve.bench.spec import BenchSpec, ClosedLoop, WorkloadSpec
 from specserve.report.html import write_report
 
 PIL = pytest.importorskip("PIL.Image")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from specserve.engine.generate import generate_plain
 from specserve.loading import LoadedModel, TransportError, load_model
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

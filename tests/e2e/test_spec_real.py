@@ -11,11 +11,11 @@ import torch
 
 from specserve.cli import main
 from specserve.commands.generate import make_proposer
-from specserve.engine.generate import generate_plain
 from specserve.loading import LoadedModel
 from specserve.sampling_params import SamplingParams
-from specserve.spec.generate import generate_speculative
-from specserve.spec.k_controller import KController
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.plain_loop import generate_plain
+from specserve.spec_decode.speculative_loop import generate_speculative
 
 QUESTIONS = [
     "Repeat the following line 3 times: the cat sat on the mat.",

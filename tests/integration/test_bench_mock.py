@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from specserve.bench.inputs import BenchSpec, ClosedLoop, OpenLoop, SamplingSpec, WorkloadSpec
 from specserve.bench.mock_server import MockConfig, serve_in_thread, token_text
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_ab, run_benchmark, run_sweep
 from specserve.bench.selfcheck import free_port, start_mock
-from specserve.bench.spec import BenchSpec, ClosedLoop, OpenLoop, SamplingSpec, WorkloadSpec
 
 NOISE_MS = 60.0  # allowed scheduling delay on a loaded 2-core machine
 

@@ -8,11 +8,11 @@ import pytest
 
 from specserve.config import CacheConfig, SchedulerConfig
 from specserve.engine.async_engine import AsyncEngine, EngineShutdownError
-from specserve.engine.generate import generate_plain
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.request import QueueFullError
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specserve.engine.generate import generate_plain
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 from tests.integration.test_engine_plain import run_staggered, tokens_of
 from tests.integration.test_engine_spec import VOCAB, make_engine, prompts_and_params

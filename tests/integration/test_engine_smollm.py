@@ -9,9 +9,9 @@ import torch
 
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.builder import build_engine_from_models
-from specserve.engine.generate import generate_plain
 from specserve.engine.llm_engine import LLMEngine
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.integration.test_engine_plain import run_staggered, tokens_of
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,7 @@ Python API::
 """
 
 from specserve.bench.compare import Comparison, compare
-from specserve.bench.results import BenchResult, load_result, save_result
-from specserve.bench.runner import run_ab, run_benchmark, run_sweep
-from specserve.bench.spec import (
+from specserve.bench.inputs import (
     BenchSpec,
     ClosedLoop,
     LlmperfSpec,
@@ -20,6 +18,8 @@ from specserve.bench.spec import (
     SamplingSpec,
     WorkloadSpec,
 )
+from specserve.bench.results import BenchResult, load_result, save_result
+from specserve.bench.runner import run_ab, run_benchmark, run_sweep
 
 __all__ = [
     "BenchResult",

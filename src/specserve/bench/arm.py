@@ -15,9 +15,9 @@ import httpx
 
 from specserve.bench.arrivals import arrival_offsets_s
 from specserve.bench.client import StreamClient, request_body
+from specserve.bench.inputs import BenchSpec, ClosedLoop
 from specserve.bench.records import RequestRecord
 from specserve.bench.scrape import SpecCounters, parse_prometheus
-from specserve.bench.spec import BenchSpec, ClosedLoop
 from specserve.bench.workloads import Prompt
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from specserve.bench.spec import OpenLoop
+from specserve.bench.inputs import OpenLoop
 
 
 def arrival_offsets_s(

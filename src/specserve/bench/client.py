@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from specserve.bench.http1 import Http1Pool, HTTPProtocolError
+from specserve.bench.inputs import SamplingSpec
 from specserve.bench.records import ChunkRecord, RequestRecord
-from specserve.bench.spec import SamplingSpec
 from specserve.bench.sse import SSEParser
 from specserve.bench.workloads import Prompt
 

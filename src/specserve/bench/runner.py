@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from specserve.bench.arm import Arm
+from specserve.bench.inputs import BenchSpec, ClosedLoop
 from specserve.bench.loadcheck import check_load
 from specserve.bench.metrics import derive, summarize
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import ALL, BenchResult, Manifest
 from specserve.bench.scrape import Acceptance
-from specserve.bench.spec import BenchSpec, ClosedLoop
 from specserve.bench.workloads import load_workload, prompt_set_hash
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ import time
 import httpx
 import numpy as np
 
+from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_benchmark
-from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 
 
 def free_port() -> int:

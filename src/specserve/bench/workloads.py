@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from specserve.bench.spec import LlmperfSpec, WorkloadSpec
+from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
 
 BUILTIN_SUITES = ("structured", "open-ended")
 _WORD_PIECES = re.compile(r"\w+|[^\w\s]")

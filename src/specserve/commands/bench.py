@@ -10,9 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from specserve.bench.compare import compare
-from specserve.bench.results import BenchResult, save_result
-from specserve.bench.runner import run_ab
-from specserve.bench.spec import (
+from specserve.bench.inputs import (
     BenchSpec,
     ClosedLoop,
     LlmperfSpec,
@@ -20,6 +18,8 @@ from specserve.bench.spec import (
     SamplingSpec,
     WorkloadSpec,
 )
+from specserve.bench.results import BenchResult, save_result
+from specserve.bench.runner import run_ab
 from specserve.report.html import write_report
 from specserve.report.markdown import md_table
 from specserve.report.tables import RUN_HEADER, run_rows

@@ -14,15 +14,15 @@ import torch
 
 from specserve.commands.serve import add_weight_format_args, parse_k
 from specserve.config import SpecConfig
-from specserve.engine.generate import GenerationResult, generate_plain
 from specserve.sampling_params import SamplingParams
-from specserve.spec.draft_model import DraftModelProposer, check_vocab_compatible
-from specserve.spec.generate import SpecGenerationResult, generate_speculative
-from specserve.spec.hybrid import HybridProposer
-from specserve.spec.k_controller import KController
-from specserve.spec.ngram import NgramProposer
-from specserve.spec.proposer import Proposer
-from specserve.spec.suffix import SuffixProposer
+from specserve.spec_decode.draft_model import DraftModelProposer, check_vocab_compatible
+from specserve.spec_decode.hybrid import HybridProposer
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.ngram import NgramProposer
+from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
+from specserve.spec_decode.proposer import Proposer
+from specserve.spec_decode.speculative_loop import SpecGenerationResult, generate_speculative
+from specserve.spec_decode.suffix import SuffixProposer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 K_MAX_DEFAULT = 8
@@ -106,7 +106,7 @@ def _report(label: str, res: GenerationResult) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specserve.models.quant_cache import load_in_format  # heavy: only when it runs
+    from specserve.loading.quant_cache import load_in_format  # heavy: only when it runs
 
     try:
         params = SamplingParams(

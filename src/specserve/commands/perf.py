@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specserve.commands.perf_arms import (
+from specserve.perf.arms import (
     ArmResult,
     hf_from_decoder,
     measure_bandwidth_gbs,
@@ -29,7 +29,7 @@ from specserve.commands.perf_arms import (
     run_specserve_spec,
     run_transformers,
 )
-from specserve.commands.perf_report import (
+from specserve.perf.report import (
     HELD_OUT_TEXT,
     mean_log_likelihood,
     print_quality,
@@ -103,10 +103,10 @@ def _rss_gib() -> float:
 
 def run(args: argparse.Namespace) -> int:
     from specserve.loading import CATALOG
+    from specserve.loading.quant_cache import load_model_with_weights
     from specserve.loading.transport import fetch
     from specserve.models.fast_path import FastPathOptions, optimize_for_decode
-    from specserve.models.quant_cache import load_model_with_weights
-    from specserve.spec.k_controller import KController
+    from specserve.spec_decode.k_controller import KController
 
     formats = [w for w in args.weights.split(",") if w]
     names = [n for n in args.prompts.split(",") if n]
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     if args.profile:
-        from specserve.commands.perf_profile import profile_decode
+        from specserve.perf.profile import profile_decode
 
         for fmt in formats:
             lm = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
             )
         if "draft" in arms_wanted:
-            from specserve.spec.draft_model import DraftModelProposer
+            from specserve.spec_decode.draft_model import DraftModelProposer
 
             def factory(dm=dm, tm=tm):  # type: ignore[no-untyped-def]
                 return DraftModelProposer(dm, tm.cfg.vocab_size, max_num_seqs=1, max_model_len=4096)
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
         if "ngram" in arms_wanted:
-            from specserve.spec.ngram import NgramProposer
+            from specserve.spec_decode.ngram import NgramProposer
 
             results.append(
                 run_specserve_spec(
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
         results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
         bandwidth.append(measure_bandwidth_gbs())
-    from specserve.models import huge_pages
+    from specserve.models.native import huge_pages
 
     bw = max(bandwidth)
     pages = "huge pages" if huge_pages.available() else "4 KiB pages"

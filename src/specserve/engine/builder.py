@@ -10,8 +10,8 @@ import torch
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.models.decoder import DecoderLM
-from specserve.spec.k_controller import KController
-from specserve.spec.proposer import Proposer
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +39,17 @@ def build_spec(
     controller = KController(k_max, fixed_k=fixed_k)
     proposer: Proposer
     if spec.method == "ngram":
-        from specserve.spec.ngram import NgramProposer
+        from specserve.spec_decode.ngram import NgramProposer
 
         proposer = NgramProposer(spec.ngram_min, spec.ngram_max)
     elif spec.method == "suffix":
-        from specserve.spec.suffix import SuffixProposer
+        from specserve.spec_decode.suffix import SuffixProposer
 
         proposer = SuffixProposer()
     elif spec.uses_draft_model:
         if draft is None:
             raise ValueError(f"speculative method {spec.method!r} needs a draft model")
-        from specserve.spec.draft_model import DraftModelProposer
+        from specserve.spec_decode.draft_model import DraftModelProposer
 
         draft_proposer = DraftModelProposer(
             draft,
@@ -60,8 +60,8 @@ def build_spec(
         )
         proposer = draft_proposer
         if spec.method == "hybrid":
-            from specserve.spec.hybrid import HybridProposer
-            from specserve.spec.suffix import SuffixProposer
+            from specserve.spec_decode.hybrid import HybridProposer
+            from specserve.spec_decode.suffix import SuffixProposer
 
             proposer = HybridProposer(SuffixProposer(), draft_proposer)
     else:  # pragma: no cover - SpecConfig validates the method
@@ -104,7 +104,7 @@ def build_engine_from_models(
 
 def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the models named in ``config`` (``specserve.loading.load_model``) and build."""
-    from specserve.models.quant_cache import load_in_format
+    from specserve.loading.quant_cache import load_in_format
 
     dtype, device = DTYPES[config.model.dtype], config.model.device
     target = load_in_format(config.model.model, config.model.weights, dtype, device)
@@ -113,7 +113,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         assert config.spec.draft_model is not None
         draft_weights = config.spec.draft_weights or config.model.weights
         draft_lm = load_in_format(config.spec.draft_model, draft_weights, dtype, device)
-        from specserve.spec.draft_model import check_vocab_compatible
+        from specserve.spec_decode.draft_model import check_vocab_compatible
 
         check_vocab_compatible(
             target.arch.vocab_size,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from specserve.engine.stop import find_stop_string
+from specserve.sampling.stop import find_stop_string
 
 # Prompt tokens decoded as left context for the first output tokens.
 _CONTEXT_TOKENS = 5

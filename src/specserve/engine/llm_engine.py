@@ -7,7 +7,7 @@ A step, in order (DESIGN.md "Engine contracts"):
 2. ``propose``: the proposer drafts up to k tokens for each decoding request with k > 0.
 3. ``verify``: one target forward over every row (``model_runner.py``); logits only where a
    token is sampled; EOS/stop ids masked while ``min_tokens`` is not reached.
-4. ``sample``: a step without drafts samples plainly (``engine/sampler.py``, the k = 0 fast
+4. ``sample``: a step without drafts samples plainly (``sampling/sampler.py``, the k = 0 fast
    path); a step with drafts verifies every sampling request with the rejection sampler (a
    request without a draft then just samples its one row, consuming randomness the same way).
 5. ``commit``: accepted tokens join the request; stop checks (EOS/stop ids, length, stop
@@ -28,16 +28,16 @@ from specserve.engine.detokenizer import IncrementalDetokenizer, Tokenizer
 from specserve.engine.model_runner import ForwardRow, ModelRunner
 from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSummary, StepStats
 from specserve.engine.request import Request
-from specserve.engine.sampler import make_generator
 from specserve.engine.scheduler import KControl, ScheduledRequest, Scheduler
 from specserve.engine.stats_tracker import StatsTracker
-from specserve.engine.stop import check_new_tokens
 from specserve.engine.token_sampling import sample_new_tokens
 from specserve.kv_cache.kv_manager import KVCacheManager
 from specserve.kv_cache.sizing import num_blocks_for
 from specserve.models.decoder import DecoderLM
+from specserve.sampling.sampler import make_generator
+from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
-from specserve.spec.proposer import Proposal, ProposeInput, Proposer
+from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import AttentionMetadata, DecoderLM
 
 

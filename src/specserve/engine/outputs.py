@@ -8,12 +8,12 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from specserve.spec.stats import SpecDecodingStats
+from specserve.spec_decode.stats import SpecDecodingStats
 
 
 @dataclass
 class SpecRequestSummary:
-    """Speculation counters of one request (definitions in ``spec/stats.py``)."""
+    """Speculation counters of one request (definitions in ``spec_decode/stats.py``)."""
 
     num_drafts: int
     num_draft_tokens: int

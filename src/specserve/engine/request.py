@@ -17,7 +17,7 @@ import torch
 
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.sampling_params import SamplingParams
-from specserve.spec.stats import SpecDecodingStats
+from specserve.spec_decode.stats import SpecDecodingStats
 
 
 class QueueFullError(RuntimeError):

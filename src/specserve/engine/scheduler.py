@@ -28,13 +28,13 @@ from specserve.kv_cache.kv_manager import KVCacheManager
 
 
 class KChooser(Protocol):
-    """Picks the draft length of one decoding request (see ``spec/k_controller.py``)."""
+    """Picks the draft length of one decoding request (see ``spec_decode/k_controller.py``)."""
 
     def choose_k(self, request_id: str, batch_size: int) -> int: ...
 
 
 class KControl(KChooser, Protocol):
-    """What the engine needs from ``spec/k_controller.py``: choose k (load-aware: it sees the
+    """What the engine needs from ``spec_decode/k_controller.py``: choose k (load-aware: it sees the
     batch size), learn acceptance, learn measured step costs, forget finished requests."""
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from specserve.engine.request import Request
-from specserve.engine.sampler import sample_rows, suppress_tokens
-from specserve.spec.proposer import Proposal
-from specserve.spec.rejection_sampler import rejection_sample
+from specserve.sampling.sampler import sample_rows, suppress_tokens
+from specserve.spec_decode.proposer import Proposal
+from specserve.spec_decode.rejection_sampler import rejection_sample
 
 
 def mask_min_tokens(req: Request, logits: torch.Tensor, eos_token_ids: Sequence[int]) -> None:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.bench.spec import LlmperfSpec
+from specserve.bench.inputs import LlmperfSpec
 from specserve.config import WeightFormat
 from specserve.yaml_config import load_yaml_model
 

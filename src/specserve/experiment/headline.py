@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specserve.bench.compare import CategoryComparison, MetricComparison
 from specserve.bench.results import ALL
-
-if TYPE_CHECKING:
-    from specserve.experiment.runner import ExperimentOutcome
+from specserve.experiment.outcome import ExperimentOutcome
 
 COLUMNS = (
     "conc",

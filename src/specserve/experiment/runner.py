@@ -12,38 +12,22 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import yaml
 
-from specserve.bench.compare import Comparison, compare
-from specserve.bench.results import BenchResult, save_result
+from specserve.bench.compare import compare
+from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
+from specserve.bench.results import save_result
 from specserve.bench.runner import run_ab
-from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.experiment.config import Endpoint, ExperimentConfig, ServersSpec
+from specserve.experiment.headline import headline_markdown, index_html
+from specserve.experiment.outcome import ARMS, ExperimentOutcome
 from specserve.report.html import write_report
 from specserve.server.launcher import ServerProcess
 
 logger = logging.getLogger(__name__)
-
-ARMS = ("baseline", "speculative")
-
-
-@dataclass
-class ExperimentOutcome:
-    """What an experiment produced (also on disk under ``output_dir``).
-
-    Attributes:
-        output_dir: the results folder.
-        runs: (concurrency, suite) -> the two arms' results, in ARMS order.
-        comparisons: (concurrency, suite) -> the baseline-vs-speculative comparison.
-    """
-
-    output_dir: Path
-    runs: dict[tuple[int, str], list[BenchResult]] = field(default_factory=dict)
-    comparisons: dict[tuple[int, str], Comparison] = field(default_factory=dict)
 
 
 def default_output_dir(name: str, output_dir: str | None) -> Path:
@@ -190,8 +174,6 @@ def run_experiment(
 
 def write_summary(outcome: ExperimentOutcome) -> None:
     """comparison.json (all runs) and headline.md in the results folder."""
-    from specserve.experiment.headline import headline_markdown, index_html
-
     all_rows = {
         f"c{c}/{suite}": json.loads(cmp.model_dump_json())
         for (c, suite), cmp in outcome.comparisons.items()

@@ -8,8 +8,8 @@ import os
 import torch
 
 from specserve.config import CacheConfig
-from specserve.kv_cache.cache_tensors import KVCacheTensors
 from specserve.models.arch import ArchConfig
+from specserve.models.cache_tensors import KVCacheTensors
 
 logger = logging.getLogger(__name__)
 

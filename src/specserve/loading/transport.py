@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specserve.loading.catalog import CatalogEntry, TransportPart
-from specserve.loading.paths import models_dir
+from specserve.paths import models_dir
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from specserve.loading.errors import CorruptModelError
-from specserve.loading.paths import weights_dir
 from specserve.models.arch import ArchConfig
+from specserve.paths import weights_dir
 
 FORMAT_VERSION = 1
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

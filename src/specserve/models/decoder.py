@@ -12,15 +12,27 @@ attend to context positions ``0..position`` of its own sequence.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.kv_cache.cache_tensors import KVCacheTensors
-from specserve.models import fused_layer
 from specserve.models.arch import ArchConfig
+from specserve.models.cache_tensors import KVCacheTensors
+
+# Query rows per sequence up to which a forward is "short" (decode steps, k + 1-token
+# verifies): attention runs row by row, and an installed layer runner takes the forward.
+SHORT_FORWARD_ROWS = 16
+
+# Runs every decoder layer of a short forward (see DecoderLM.layer_runner):
+# (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv) -> hidden before the norm.
+LayerRunner = Callable[
+    ["DecoderLM", torch.Tensor, torch.Tensor, torch.Tensor, "AttentionMetadata", KVCacheTensors],
+    torch.Tensor,
+]
 
 
 @dataclass
@@ -85,8 +97,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 class Attention(nn.Module):
     # Query rows up to which attention runs row by row (see attend): the decode / verify
-    # chunk sizes, the same bound as the fused layer path's.
-    max_rows = fused_layer.MAX_ROWS
+    # chunk sizes, the same bound as a layer runner's.
+    max_rows = SHORT_FORWARD_ROWS
 
     def __init__(self, cfg: ArchConfig, layer_idx: int) -> None:
         super().__init__()
@@ -100,7 +112,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
-        # Set by weight-only quantisation (models/quantize.py): q, k and v rows in one module,
+        # Set by weight-only quantisation (models/quant/quantize.py): q, k and v rows in one module,
         # one matmul instead of three; q_proj/k_proj/v_proj are then None.
         self.qkv_proj: nn.Module | None = None
         self.qkv_sizes = (q_dim, kv_dim, kv_dim)
@@ -246,8 +258,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # This layer's arguments of the native fused layer op (models/fused_layer.py).
-        self.fused: fused_layer.LayerWeights | None = None
+        # This layer's arguments of a native layer op, set by the runner that uses them
+        # (models/native/fused_layer.py).
+        self.fused: Any = None
 
     def forward(self, x, cos, sin, meta, mask, kv):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta, mask, kv)
@@ -277,15 +290,22 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # Short forwards run each layer as one native op (models/fused_layer.py: enable).
-        self.fused_layers = False
+        # Short forwards run all layers through this runner when one is installed
+        # (models/native/fused_layer.py: enable installs one native op per layer).
+        self.layer_runner: LayerRunner | None = None
         # An inference engine: no parameter ever needs a gradient.
         self.requires_grad_(False)
 
     @property
+    def fused_layers(self) -> bool:
+        """Whether short forwards run through a layer runner (see :attr:`layer_runner`)."""
+        return self.layer_runner is not None
+
+    @property
     def dtype(self) -> torch.dtype:
-        # The final norm, not the embedding: a weight-only quantised model (models/quantize.py)
-        # stores the embedding as int8 while activations keep this dtype.
+        # The final norm, not the embedding: a weight-only quantised model
+        # (models/quant/quantize.py) stores the embedding as int8 while activations keep
+        # this dtype.
         return self.model.norm.weight.dtype
 
     @property
@@ -297,8 +317,8 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Run the decoder over a padded batch, writing its K/V into ``kv``.
 
-        With :attr:`fused_layers` on (models/fused_layer.py), forwards of at most
-        ``fused_layer.MAX_ROWS`` tokens per sequence run each layer as one native op.
+        With a :attr:`layer_runner` installed (models/native/fused_layer.py), forwards of at
+        most ``SHORT_FORWARD_ROWS`` tokens per sequence run the layers through it.
 
         Args:
             input_ids: ``# [B, T]`` token ids (padding: any valid id).
@@ -310,8 +330,8 @@ class DecoderLM(nn.Module):
         assert input_ids.shape == meta.positions.shape == meta.slot_mapping.shape
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
-        if self.fused_layers and input_ids.shape[1] <= fused_layer.MAX_ROWS:
-            return self.model.norm(fused_layer.run_layers(self, x, cos, sin, meta, kv))
+        if self.layer_runner is not None and input_ids.shape[1] <= SHORT_FORWARD_ROWS:
+            return self.model.norm(self.layer_runner(self, x, cos, sin, meta, kv))
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # once here, not twice in every layer
         mask = meta.attention_mask()
         for layer in self.model.layers:

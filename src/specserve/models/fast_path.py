@@ -5,7 +5,7 @@ Terms:
     step overhead: wall time of a forward that is not spent reading weights — Python
         dispatch of ~45 small ops per layer, temporaries, RoPE recomputation. At batch 1 a
         1.5B int4 model reads ~0.9 GB per token (~25 ms at 35 GB/s), so milliseconds matter.
-        (int4 bf16 models on the native kernel skip most of it: models/fused_layer.py runs
+        (int4 bf16 models on the native kernel skip most of it: models/native/fused_layer.py runs
         each layer of a decode or verify step as one op.)
 
 Everything here keeps the call contract of :class:`DecoderLM` (``model(ids, meta, kv)``),
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specserve.kv_cache.cache_tensors import KVCacheTensors
+from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import AttentionMetadata, DecoderLM, RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class InvariantContextForward:
     ``bucket(p) = ceil((p + 1) / bucket_size) * bucket_size`` slots (the extra ones point at
     the scratch slot and are masked); a chunk whose rows fall in different buckets runs as
     one forward per bucket. With row-independent linears (weight-only int8/int4, see
-    models/quant.py) verify and decode then compute identical hidden states.
+    models/quant/layers.py) verify and decode then compute identical hidden states.
 
     Batches of several sequences pass through unchanged (their context is padded to the
     longest row, which this cannot undo).

@@ -20,7 +20,6 @@ from starlette.responses import JSONResponse, Response
 
 from specserve.server.engine_client import EngineOutput
 from specserve.server.errors import APIError, UnsupportedFieldError
-from specserve.server.generation import ClientDisconnected, RequestRun, spec_info
 from specserve.server.protocol import (
     SamplingFields,
     StreamOptions,
@@ -30,6 +29,7 @@ from specserve.server.protocol import (
     random_id,
 )
 from specserve.server.request_params import build_sampling_params
+from specserve.server.request_run import ClientDisconnected, RequestRun, spec_info
 from specserve.server.state import ServerState
 from specserve.server.streaming import DONE_EVENT, RunStreamingResponse, sse_error_event, sse_event
 

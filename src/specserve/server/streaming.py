@@ -13,7 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from specserve.server.errors import APIError
-from specserve.server.generation import RequestRun
+from specserve.server.request_run import RequestRun
 
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 from specserve.bench.compare import Comparison, compare
+from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
-from specserve.bench.spec import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
 from specserve.experiment.runner import default_output_dir, served_model
 from specserve.server.launcher import ServerProcess
 from specserve.tune.config import ProposerSpec, TuneConfig

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from specserve.bench.arrivals import arrival_offsets_s
-from specserve.bench.spec import OpenLoop
+from specserve.bench.inputs import OpenLoop
 
 
 def test_constant_spacing() -> None:

@@ -7,11 +7,11 @@ import random
 import pytest
 
 from specserve.bench.compare import bootstrap_ratio, compare
+from specserve.bench.inputs import BenchSpec, ClosedLoop
 from specserve.bench.records import ChunkRecord, RequestRecord
 from specserve.bench.results import BenchResult, Manifest
 from specserve.bench.runner import result_from_records
 from specserve.bench.scrape import Acceptance
-from specserve.bench.spec import BenchSpec, ClosedLoop
 
 MS = 1_000_000
 

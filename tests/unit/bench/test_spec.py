@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from specserve.bench.spec import BenchSpec, ClosedLoop, LoadShape, OpenLoop, SamplingSpec
+from specserve.bench.inputs import BenchSpec, ClosedLoop, LoadShape, OpenLoop, SamplingSpec
 
 
 def test_load_shape_discriminator() -> None:

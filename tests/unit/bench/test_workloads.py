@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.spec import LlmperfSpec, WorkloadSpec
+from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
 from specserve.bench.workloads import (
     builtin_lines,
     estimate_tokens,

@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 
 from specserve.cli import build_parser
-from specserve.commands.perf_arms import ArmResult, decode_bytes_per_token, run_llamacpp
-from specserve.commands.perf_report import (
+from specserve.models.quant.quantize import quantize_model
+from specserve.perf.arms import ArmResult, decode_bytes_per_token, run_llamacpp
+from specserve.perf.report import (
     common_prefix_fraction,
     mean_log_likelihood,
     quality_vs,
 )
-from specserve.models.quantize import quantize_model
 from tests.conftest import make_tiny_model
 
 

@@ -7,9 +7,9 @@ from torch import nn
 
 from specserve.config import EngineConfig, ModelConfig, SpecConfig
 from specserve.engine.builder import build_engine
-from specserve.models.quant import Int8Linear
+from specserve.models.quant.layers import Int8Linear
 from specserve.sampling_params import SamplingParams
-from specserve.spec.draft_model import DraftModelProposer
+from specserve.spec_decode.draft_model import DraftModelProposer
 
 
 def _greedy(config: EngineConfig, prompt: list[int]) -> tuple[list[int], object]:

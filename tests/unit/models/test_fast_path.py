@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.engine.generate import generate_plain
 from specserve.models.fast_path import (
     CachedRotary,
     FastPathOptions,
     optimize_for_decode,
     profile_step,
 )
-from specserve.models.fused_step import generate_fused_greedy
-from specserve.models.quantize import quantize_model
+from specserve.models.quant.quantize import quantize_model
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.fused_loop import generate_fused_greedy
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
@@ -157,9 +157,9 @@ def test_invariant_context_splits_chunks_at_bucket_edges(family: str, head_dim: 
 def test_real_model_quantized_speculative_equals_plain(fmt: str) -> None:
     """SmolLM2-135M in int8/int4 (bf16 activations): fused and unfused speculative greedy
     output equal plain greedy output of the same format."""
-    from specserve.models.quant_cache import load_model_with_weights
-    from specserve.spec.draft_model import DraftModelProposer
-    from specserve.spec.generate import generate_speculative
+    from specserve.loading.quant_cache import load_model_with_weights
+    from specserve.spec_decode.draft_model import DraftModelProposer
+    from specserve.spec_decode.speculative_loop import generate_speculative
 
     try:
         lm = load_model_with_weights("smollm2-135m-instruct", fmt)  # type: ignore[arg-type]

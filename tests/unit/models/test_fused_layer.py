@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
-from specserve.models import fused_layer, int4_native
 from specserve.models.decoder import AttentionMetadata, DecoderLM
-from specserve.models.quantize import quantize_model
+from specserve.models.native import fused_layer, int4_native
+from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
 
 native = pytest.mark.skipif(
@@ -177,8 +177,8 @@ def test_engine_batching_and_speculation_equal_plain(method: str) -> None:
     tokens, so every forward of both runs takes the fused path."""
     import random
 
-    from specserve.engine.generate import generate_plain
     from specserve.sampling_params import SamplingParams
+    from specserve.spec_decode.plain_loop import generate_plain
     from tests.integration.test_engine_plain import run_staggered, tokens_of
     from tests.integration.test_engine_spec import make_engine
 

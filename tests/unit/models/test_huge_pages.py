@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specserve.models import huge_pages
+from specserve.models.native import huge_pages
 
 MIB = 1 << 20
 

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from specserve.models import int4_native
-from specserve.models.int4_native import Int4Packed, matmul, pack
-from specserve.models.quant import Int4Weight, quantize_int4
+from specserve.models.native import int4_native
+from specserve.models.native.int4_native import Int4Packed, matmul, pack
+from specserve.models.quant.int4_weight import Int4Weight, quantize_int4
 
 native = pytest.mark.skipif(
     not int4_native.available(), reason=f"native int4 kernel: {int4_native.unavailable_reason()}"

@@ -7,22 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from specserve.engine.generate import generate_plain
-from specserve.models.quant import (
-    Int4Linear,
-    Int4Weight,
-    Int8Embedding,
-    Int8Linear,
-    quantize_int4,
-    quantize_int8,
-)
-from specserve.models.quantize import (
+from specserve.models.quant.int4_weight import Int4Weight, quantize_int4
+from specserve.models.quant.layers import Int4Linear, Int8Embedding, Int8Linear, quantize_int8
+from specserve.models.quant.quantize import (
     apply_quantized,
     quantize_model,
     quantize_weights,
     weight_bytes,
 )
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 
 
@@ -80,7 +74,7 @@ def test_int8_linear_packed_matches_fallback_and_reference(dtype: torch.dtype, b
 
 
 def test_int4_packing_by_row_chunks_equals_packing_at_once() -> None:
-    from specserve.models.quant import _ROW_CHUNK, _pack_int4_rows
+    from specserve.models.quant.layers import _ROW_CHUNK, _pack_int4_rows
 
     torch.manual_seed(3)
     n, k = _ROW_CHUNK + 40, 64  # more than one chunk; 40 rows need 8 rows of padding
@@ -234,7 +228,7 @@ def test_fused_projections_compute_exactly_the_separate_rows(fmt: str) -> None:
 
 
 def test_int4_linear_picks_the_native_kernel_for_bf16_only() -> None:
-    from specserve.models import int4_native
+    from specserve.models.native import int4_native
 
     torch.manual_seed(3)
     lin = nn.Linear(128, 40, bias=True).requires_grad_(False)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
-from specserve.models.quant import Int8Embedding, Int8Linear
-from specserve.models.quant_cache import compute_dtype_for, load_model_with_weights
+from specserve.loading.quant_cache import compute_dtype_for, load_model_with_weights
+from specserve.models.quant.layers import Int8Embedding, Int8Linear
 
 
 def test_compute_dtype_rules() -> None:

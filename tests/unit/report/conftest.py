@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from specserve.bench.compare import Comparison, compare
+from specserve.bench.inputs import BenchSpec, ClosedLoop, WorkloadSpec
 from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_ab
-from specserve.bench.spec import BenchSpec, ClosedLoop, WorkloadSpec
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import torch
 
-from specserve.engine.generate import generate_plain
 from specserve.sampling_params import SamplingParams
 from specserve.server.app import create_app
+from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 from tests.unit.server.conftest import MODEL, CharTokenizer, make_engine, parse_sse
 

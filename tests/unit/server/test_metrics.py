@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specserve.engine.outputs import EngineStats, StepStats
 from specserve.server.metrics import ServerMetrics, k_chosen_buckets
-from specserve.spec.stats import SpecDecodingStats
+from specserve.spec_decode.stats import SpecDecodingStats
 
 
 def samples(metrics: ServerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -1,0 +1,405 @@
+"""Native CPU kernel for int4 weight-only matmuls (AVX-512 BF16), built on first use.
+
+``y = x @ w.T`` with bf16 (or fp32) activations ``x # [M, K]`` and the group-quantised weights
+of :class:`~specserve.models.quant.int4_weight.Int4Weight` (``w[n, k] = q[n, k] * scale[n, g] +
+minimum[n, g]``, ``g = k // group_size``). The activations are not quantised: the kernel
+turns each code into the bf16 number ``128 + q`` (bit pattern ``0x4300 | q``), multiplies it
+with ``x`` in ``vdpbf16ps`` (exact products, fp32 sums) and folds the offset into the group's
+bias: with the midpoint ``c = minimum + 7.5·scale``,
+``y = Σ_g scale·dot(128 + q, x) + (c − 135.5·scale)·Σ_g x``. That arithmetic is exact up to
+fp32 rounding; ``scale`` and ``c`` are stored as fp16 (after a per-row power-of-two
+normalisation), which costs ~2e-4 relative error on the outputs, well under the bf16 rounding
+of the result (the torch int4 kernel keeps bf16 scales: ~8x coarser).
+
+Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
+whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
+split the output columns only, with torch's intra-op pool), so a ``k + 1``-row verify gives bit
+for bit what a 1-row decode gives.
+
+Usage::
+
+    if int4_native.available():
+        packed = int4_native.pack(weight)  # once, at load; Int4Packed's tensors are buffers
+        y = int4_native.matmul(x, packed)  # [..., N]
+
+Build: ``torch.utils.cpp_extension.load`` compiles ``csrc/int4_gemv.cpp`` and
+``csrc/decoder_layer.cpp`` (``-O3 -march=native``, against torch's stable C++ ABI headers:
+a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``, the key hashing the
+sources, the flags, the torch and Python versions and this CPU's model and flags (the cache may
+be shared between machines); later processes only load it. The ops are
+``torch.ops.specserve.int4_gemm`` and ``torch.ops.specserve.int4_decoder_layer`` (see
+models/native/fused_layer.py).
+:func:`available` is False (the reason logged once, see :func:`unavailable_reason`) when
+``SPECSERVE_INT4_NATIVE=0``, on a CPU without AVX-512 BF16 / GFNI, or when the build or a
+self-test fails; callers then fall back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specserve.models.native import huge_pages
+from specserve.models.native.env_switch import switched_off
+from specserve.models.quant.int4_weight import Int4Weight
+from specserve.paths import cache_root
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TILE_ROWS",
+    "Int4Packed",
+    "available",
+    "matmul",
+    "pack",
+    "unavailable_reason",
+]
+
+TILE_ROWS = 16  # output rows per tile: one per fp32 lane of a zmm register
+BLOCK_K = 8  # input channels per 64-byte block of a tile
+_PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
+_ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
+_CSRC = Path(__file__).parent / "csrc"
+# One library: the matmul, and the fused decoder layer (models/native/fused_layer.py) that calls it.
+_SOURCES = (_CSRC / "int4_gemv.cpp", _CSRC / "decoder_layer.cpp")
+_HEADERS = (_CSRC / "int4_gemv.h",)
+# -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
+# written in every instantiation (batch invariance).
+_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
+_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "gfni")
+_INPUT_DTYPES = (torch.bfloat16, torch.float32)
+_STALE_LOCK_S = 600.0  # a build lock older than this is left over from a killed build
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "ok": bool, "reason": str | None (after the first attempt)
+
+
+# ---------------------------------------------------------------- packed weights ------------
+
+
+@dataclass
+class Int4Packed:
+    """An :class:`Int4Weight` in the native kernel's layout (plain CPU tensors: module buffers).
+
+    With ``Np = N`` rounded up to a multiple of 16 (padding rows are zero and never written
+    out), ``K`` the input features and ``G`` the group size:
+
+    Attributes:
+        qweight: ``# [Np / 16, K / 8, 64] uint8``. One 64-byte block per tile of 16 output
+            rows and 8 input channels ``k0 .. k0 + 7``; a tile's blocks follow each other along
+            K, so a tile is one contiguous stream. Byte ``L*16 + h*8 + 2t + e`` (``L, t`` in
+            0..3, ``h, e`` in 0..1) belongs to row ``4L + t`` of the tile: its low nibble is
+            ``q[row, k0 + 2h + e]``, its high nibble ``q[row, k0 + 4 + 2h + e]``. Split into
+            low / high nibbles and interleaved bytewise with ``0x43``, the block becomes four
+            vectors of bf16 pairs ``(128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1])``, 32-bit
+            lane ``i`` = row ``i``: the operands of ``vdpbf16ps``.
+        scales: ``# [Np / 16, K / G, 2, 16] fp16``: per tile and group the 16 rows' scales
+            ``s``, then their midpoints ``c = minimum + 7.5·s`` (so ``w = (q − 7.5)·s + c``;
+            ``c`` is small for centred groups and its fp16 rounding cheap), each divided by
+            the row's ``row_scale``.
+        row_scale: ``# [Np] fp32``: a power of two per row, at least the row's largest
+            ``|s|`` / ``|c|`` (1 for all-zero and padding rows), so the fp16 values lie in
+            [-1, 1] whatever the weights' magnitude; the kernel multiplies it back.
+        out_features: ``N`` (the kernel writes exactly ``N`` columns).
+        group_size: ``G`` (a multiple of 8 dividing ``K``).
+        in_features: ``K`` (derived from ``qweight``).
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    row_scale: torch.Tensor
+    out_features: int
+    group_size: int
+    in_features: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        q, s, r = self.qweight, self.scales, self.row_scale
+        if q.dtype != torch.uint8 or q.dim() != 3 or q.shape[2] != 64:
+            raise ValueError(f"qweight must be uint8 [Np/16, K/8, 64], got {q.dtype} {q.shape}")
+        tiles, k = q.shape[0], q.shape[1] * BLOCK_K
+        if self.group_size <= 0 or self.group_size % BLOCK_K or k % self.group_size:
+            raise ValueError(f"group_size {self.group_size} must be a multiple of 8 dividing {k}")
+        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
+            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
+        if s.dtype != torch.float16 or s.shape != (tiles, k // self.group_size, 2, TILE_ROWS):
+            raise ValueError(f"scales must be fp16 [{tiles}, {k // self.group_size}, 2, 16]")
+        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
+            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+        self.in_features = k
+
+    def nbytes(self) -> int:
+        """Bytes a matmul reads from the weight (codes, scales, row scales)."""
+        return sum(
+            t.numel() * t.element_size() for t in (self.qweight, self.scales, self.row_scale)
+        )
+
+
+def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """``codes # [n, K] uint8`` (``n`` a multiple of 16) -> ``# [n / 16, K / 8, 64] uint8``."""
+    n, k = codes.shape
+    # k = 8B + 4·nib + 2h + e and row = 4L + t  ->  byte (L, h, t, e) of block B, nibble nib.
+    v = codes.view(n // TILE_ROWS, 4, 4, k // BLOCK_K, 2, 2, 2)  # [T, L, t, B, nib, h, e]
+    v = v.permute(0, 3, 1, 5, 2, 6, 4)  # [T, B, L, h, t, e, nib]
+    return (v[..., 0] | (v[..., 1] << 4)).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
+
+
+def pack(weight: Int4Weight) -> Int4Packed:
+    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries).
+
+    Raises:
+        ValueError: ``group_size`` is not a multiple of 8, or the scales are not finite.
+    """
+    n, half_k = weight.nibbles.shape
+    k, gs = 2 * half_k, weight.group_size
+    if gs % BLOCK_K or k % gs:
+        raise ValueError(
+            f"the int4 kernel needs a group_size that is a multiple of 8 dividing K={k}, got {gs}"
+        )
+    if weight.nibbles.dtype != torch.uint8:
+        raise ValueError(f"nibbles must be uint8, got {weight.nibbles.dtype}")
+    if weight.minimum.shape != weight.scale.shape:
+        raise ValueError("int4 minimum and scale shapes differ")
+    tiles = -(-n // TILE_ROWS)
+    # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
+    qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.uint8)
+    scales = huge_pages.empty((tiles, k // gs, 2, TILE_ROWS), torch.float16)
+    row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
+    for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
+        stop = min(n, start + _PACK_ROW_CHUNK)
+        rows, t0 = stop - start, start // TILE_ROWS
+        pad = -rows % TILE_ROWS
+        nib = weight.nibbles[start:stop].cpu()
+        codes = torch.stack([nib & 0xF, nib >> 4], dim=-1).view(rows, k)
+        s = weight.scale[start:stop].detach().cpu().float()
+        mn = weight.minimum[start:stop].detach().cpu().float()
+        if pad:
+            codes = torch.nn.functional.pad(codes, (0, 0, 0, pad))
+            s = torch.nn.functional.pad(s, (0, 0, 0, pad))
+            mn = torch.nn.functional.pad(mn, (0, 0, 0, pad))
+        if not (torch.isfinite(s).all() and torch.isfinite(mn).all()):
+            raise ValueError("int4 scales / minimums must be finite")
+        t1 = t0 + (rows + pad) // TILE_ROWS
+        qweight[t0:t1] = _pack_codes(codes)
+        mid = mn + 7.5 * s  # the group's midpoint
+        peak = torch.maximum(s.abs().amax(dim=1), mid.abs().amax(dim=1))  # [rows + pad]
+        exp = torch.frexp(peak).exponent  # peak = mantissa · 2^exp, mantissa in [0.5, 1)
+        rs = torch.where(peak > 0, torch.ldexp(torch.ones_like(peak), exp), torch.ones_like(peak))
+        row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = rs
+        sm = torch.stack([s / rs[:, None], mid / rs[:, None]], dim=0)  # [2, r, K/G]
+        sm = sm.view(2, t1 - t0, TILE_ROWS, k // gs).permute(1, 3, 0, 2)  # [T, K/G, 2, 16]
+        scales[t0:t1] = sm.to(torch.float16)
+    return Int4Packed(qweight, scales, row_scale, n, gs)
+
+
+# ---------------------------------------------------------------- matmul --------------------
+
+
+def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
+    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``.
+
+    The result has ``x``'s dtype (fp32 inputs are rounded to bf16 first, the output stays
+    fp32). Call only after :func:`available` returned True (this checks just that the kernel
+    is loaded, not ``SPECSERVE_INT4_NATIVE``: that switch is for the callers' setup).
+
+    Raises:
+        ValueError: wrong dtype, device or last dimension of ``x``.
+        RuntimeError: the kernel is not loaded.
+    """
+    k = packed.in_features
+    if x.dtype not in _INPUT_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(
+            f"int4 matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
+            f"{x.dtype} {tuple(x.shape)} on {x.device}"
+        )
+    if _state.get("ok") is not True:
+        raise RuntimeError(f"the native int4 kernel is not loaded: {unavailable_reason()}")
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    y = torch.ops.specserve.int4_gemm(
+        x2, packed.qweight, packed.scales, packed.row_scale, packed.out_features, packed.group_size
+    )
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
+
+
+# ---------------------------------------------------------------- build / load --------------
+
+
+def _cpu_signature() -> tuple[str, set[str]]:
+    """(model name, flags) of this CPU from /proc/cpuinfo ("" and {} where unreadable)."""
+    model, flags = "", set[str]()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine(), flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def _build_dir(model: str, flags: set[str]) -> Path:
+    h = hashlib.sha256()
+    for part in (
+        *(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
+        " ".join(_CFLAGS).encode(),
+        torch.__version__.encode(),
+        sys.version.encode(),
+        platform.machine().encode(),
+        model.encode(),
+        " ".join(sorted(flags)).encode(),
+    ):
+        h.update(part)
+        h.update(b"\0")
+    return cache_root() / "kernels" / f"int4_gemv-{h.hexdigest()[:16]}"
+
+
+def _ensure_ninja() -> None:
+    """Put the ``ninja`` pip package's binary on PATH when none is there already."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _op_loaded() -> bool:
+    try:
+        return hasattr(torch.ops.specserve, "int4_gemm")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _load() -> str | None:
+    """Build (or reuse) and load the kernel; None on success, else why not."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"needs an x86-64 CPU, this is {platform.machine()}"
+    model, flags = _cpu_signature()
+    if flags:
+        missing = [f for f in _REQUIRED_CPU_FLAGS if f not in flags]
+        if missing:
+            return f"this CPU lacks {', '.join(missing)}"
+    if not _op_loaded():
+        start = time.perf_counter()
+        try:
+            build = _build(model, flags)
+        except Exception as exc:  # no compiler / ninja, compile error, unwritable cache, ...
+            return f"build failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
+        logger.debug("int4 kernel loaded in %.1f s from %s", time.perf_counter() - start, build)
+    return _self_test()
+
+
+def _build(model: str, flags: set[str]) -> Path:
+    """Compile (unless the cached build is current) and load the op library; its directory."""
+    from torch.utils import cpp_extension
+
+    _ensure_ninja()
+    build = _build_dir(model, flags)
+    build.mkdir(parents=True, exist_ok=True)
+    lock = build / "lock"  # cpp_extension's inter-process build lock
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+        lock.unlink(missing_ok=True)  # left by a build that was killed
+    cpp_extension.load(
+        name="specserve_int4_gemv",
+        sources=[str(path) for path in _SOURCES],
+        extra_cflags=list(_CFLAGS),
+        build_directory=str(build),
+        is_python_module=False,
+        verbose=False,
+    )
+    return build
+
+
+def _self_test() -> str | None:
+    """Run the kernel once on a small random weight against a float64 reference (catches a
+    CPU without the ISA, which the op reports, and a miscompiled kernel)."""
+    gen = torch.Generator().manual_seed(0)
+    n, k, gs = 37, 128, 32
+    weight = Int4Weight(
+        torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen),
+        torch.rand(n, k // gs, generator=gen) + 0.5,
+        -torch.rand(n, k // gs, generator=gen) * 8,
+        gs,
+    )
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    packed = pack(weight)
+    try:
+        y = torch.ops.specserve.int4_gemm(x, packed.qweight, packed.scales, packed.row_scale, n, gs)
+    except Exception as exc:  # the op refuses this CPU
+        return f"self-test failed: {type(exc).__name__}: {exc}"
+    ref = x.double() @ weight.dequantize(torch.float64).T
+    err = float((y.double() - ref).norm() / ref.norm())
+    if not err < 1e-2:
+        return f"self-test failed: relative error {err:.3g} against the reference"
+    return None
+
+
+def _disabled() -> bool:
+    return switched_off(_ENV_SWITCH)
+
+
+def _register_fakes() -> None:
+    """Shape-only implementations of the library's ops (the matmul and the fused decoder
+    layer of models/native/fused_layer.py), so ``torch.compile`` can trace through them."""
+
+    def gemm(
+        x: torch.Tensor,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        row_scale: torch.Tensor,
+        out_features: int,
+        group_size: int,
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], out_features))
+
+    def decoder_layer(x: torch.Tensor, *args: object) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+    for name, fake in (("int4_gemm", gemm), ("int4_decoder_layer", decoder_layer)):
+        try:
+            torch.library.register_fake(f"specserve::{name}", fake)
+        except RuntimeError as exc:  # registered already (e.g. the module was reloaded)
+            logger.debug("fake %s not registered: %s", name, exc)
+
+
+def available() -> bool:
+    """Whether :func:`matmul` can run here (builds / loads the kernel on the first call).
+
+    False when ``SPECSERVE_INT4_NATIVE=0`` (checked on every call), or after a failed build /
+    an unsupported CPU (decided once per process, the reason logged once).
+    """
+    if _disabled():
+        return False
+    if "ok" not in _state:
+        with _lock:
+            if "ok" not in _state:
+                reason = _load()
+                if reason is None:
+                    _register_fakes()
+                if reason is not None:
+                    logger.warning("native int4 kernel unavailable, falling back: %s", reason)
+                _state["reason"] = reason
+                _state["ok"] = reason is None
+    return bool(_state["ok"])
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None when it is True or was never asked)."""
+    if _disabled():
+        return f"disabled by {_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)}"
+    reason = _state.get("reason")
+    return reason if isinstance(reason, str) else None

@@ -1,0 +1,273 @@
+"""The arms of ``specserve perf``: one function per engine, each returning :class:`ArmResult`.
+
+Every arm runs the same prompt token ids, greedy, batch 1, on this machine, in one process
+(llama.cpp in a child process, see ``perf_llamacpp_worker.py``), so the printed ratios are
+measured side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specserve.models.decoder import DecoderLM
+from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
+
+
+@dataclass
+class ArmResult:
+    """One engine/mode over all prompts.
+
+    Attributes:
+        name: row label (``specserve int4 draft k=adaptive``).
+        token_ids: generated ids per prompt.
+        decode_s: decode wall time per prompt (after the first token).
+        prefill_s: time to the first token per prompt.
+        num_forwards: target forwards per prompt after the first token (None: unknown).
+        bytes_per_token: weight bytes one plain decode step reads (None: not a plain arm).
+        error: why the arm did not run (the row says so instead of vanishing).
+    """
+
+    name: str
+    token_ids: list[list[int]] = field(default_factory=list)
+    decode_s: list[float] = field(default_factory=list)
+    prefill_s: list[float] = field(default_factory=list)
+    num_forwards: list[int] | None = None
+    bytes_per_token: int | None = None
+    error: str | None = None
+
+    def tok_per_s(self, i: int) -> float:
+        n = len(self.token_ids[i]) - 1
+        return n / self.decode_s[i] if n > 0 and self.decode_s[i] > 0 else 0.0
+
+    def tokens_per_forward(self, i: int) -> float | None:
+        if self.num_forwards is None or self.num_forwards[i] == 0:
+            return None
+        return (len(self.token_ids[i]) - 1) / self.num_forwards[i]
+
+
+def measure_bandwidth_gbs(size_mib: int = 1024, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s: the best of ``repeats`` sums over a ``size_mib`` buffer.
+
+    The buffer holds random numbers: a host may merge identical pages (``torch.ones``), and
+    reads of a few shared physical pages come from cache. It lies in huge pages where the host
+    allows (models/native/huge_pages.py), as the int4 weights do: over 4 KiB pages the same sum read
+    4-10 % slower in ``benchmarks/int4_kernel.py --part thp``, TLB misses adding to the memory
+    time. Readings still vary from run to run on a shared VM; compare them with the best
+    achieved rate of a real decoder.
+    """
+    from specserve.models.native import huge_pages
+
+    x = huge_pages.empty((size_mib * (1 << 20) // 4,), torch.float32).uniform_()
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def decode_bytes_per_token(model: DecoderLM) -> int:
+    """Bytes a batch-1 decode step reads: every parameter/buffer but the embedding table
+    (one row is read) — an untied LM head counts, a tied one is read as the LM head."""
+    seen: set[int] = set()
+    total = 0
+    embed = model.model.embed_tokens
+    skip = {t.data_ptr() for t in [*embed.parameters(), *embed.buffers()]}
+    skip |= {t.data_ptr() for t in model.rotary.buffers()}  # RoPE tables: one row per token
+    head = model.lm_head
+    head_ptrs = {t.data_ptr() for t in [*head.parameters(), *head.buffers()]}
+    for t in [*model.parameters(), *model.buffers()]:
+        ptr = t.data_ptr()
+        if ptr in seen or (ptr in skip and ptr not in head_ptrs):
+            continue
+        if t.dim() >= 2 or ptr in head_ptrs or t.numel() > 4096:
+            seen.add(ptr)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def arm_of_runs(
+    name: str, runs: Iterable[GenerationResult], bytes_per_token: int | None = None
+) -> ArmResult:
+    """An arm from one in-process generation per prompt (``runs`` may be lazy: each run is
+    made as it is collected), with the target forwards of each."""
+    arm = ArmResult(name, num_forwards=[], bytes_per_token=bytes_per_token)
+    for r in runs:
+        arm.token_ids.append(r.token_ids)
+        arm.decode_s.append(r.decode_s)
+        arm.prefill_s.append(r.prefill_s)
+        assert arm.num_forwards is not None
+        arm.num_forwards.append(r.num_target_forwards)
+    return arm
+
+
+def run_specserve_plain(
+    name: str,
+    model: DecoderLM,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    eos: tuple[int, ...],
+) -> ArmResult:
+    bytes_per_token = decode_bytes_per_token(model)
+    runs = (generate_plain(model, ids, params, eos) for ids in prompts)
+    return arm_of_runs(name, runs, bytes_per_token)
+
+
+def run_specserve_spec(
+    name: str,
+    target: DecoderLM,
+    proposer_factory,
+    k,  # type: ignore[no-untyped-def]
+    prompts: list[list[int]],
+    params: SamplingParams,
+    eos: tuple[int, ...],
+) -> ArmResult:
+    """Unfused speculative loop (``spec_decode/speculative_loop.py``); ``k`` an int or a
+    controller factory."""
+    from specserve.spec_decode.speculative_loop import generate_speculative
+
+    def runs() -> Iterator[GenerationResult]:
+        for i, ids in enumerate(prompts):
+            kk = k() if callable(k) else k
+            yield generate_speculative(
+                target, proposer_factory(), ids, params, eos, kk, request_id=str(i)
+            )
+
+    return arm_of_runs(name, runs())
+
+
+def run_specserve_fused(
+    name: str,
+    target: DecoderLM,
+    draft: DecoderLM,
+    k: int,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    eos: tuple[int, ...],
+) -> ArmResult:
+    from specserve.spec_decode.fused_loop import generate_fused_greedy
+
+    runs = (generate_fused_greedy(target, draft, ids, params, eos, k) for ids in prompts)
+    return arm_of_runs(name, runs)
+
+
+def hf_from_decoder(model: DecoderLM):  # type: ignore[no-untyped-def]
+    """A transformers model sharing ``model``'s float weights (no copy)."""
+    import transformers
+
+    cfg = model.cfg
+    classes = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[cfg.family]
+    hf_cfg = getattr(transformers, f"{classes}Config")(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        torch_dtype=model.dtype,
+        eos_token_id=list(cfg.eos_token_ids) or None,
+        pad_token_id=0,
+    )
+    with torch.device("meta"):
+        hf = getattr(transformers, f"{classes}ForCausalLM")(hf_cfg)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("rotary")}
+    hf.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        hf.tie_weights()
+    if any(buf.is_meta for buf in hf.buffers()):  # rotary inv_freq was made on meta: rebuild
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg)
+    return hf.eval()
+
+
+def run_transformers(
+    name: str,
+    hf,
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos: tuple[int, ...],  # type: ignore[no-untyped-def]
+    assistant=None,
+    prompt_lookup: int | None = None,  # type: ignore[no-untyped-def]
+) -> ArmResult:
+    arm = ArmResult(name)
+    kwargs: dict[str, object] = {"do_sample": False, "eos_token_id": list(eos) or None}
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+    if prompt_lookup:
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup
+    with torch.inference_mode():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            t0 = time.perf_counter()
+            hf.generate(x, max_new_tokens=1, attention_mask=torch.ones_like(x), **kwargs)
+            t1 = time.perf_counter()
+            out = hf.generate(
+                x, max_new_tokens=max_tokens, attention_mask=torch.ones_like(x), **kwargs
+            )
+            t2 = time.perf_counter()
+            arm.token_ids.append(out[0, len(ids) :].tolist())
+            arm.prefill_s.append(t1 - t0)
+            arm.decode_s.append(max(t2 - t1 - (t1 - t0), 1e-9))
+    return arm
+
+
+def run_llamacpp(
+    python: str,
+    gguf: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos: tuple[int, ...],
+    threads: int,
+    num_pred_tokens: int = 10,
+) -> list[ArmResult]:
+    """llama.cpp plain and prompt-lookup arms, in a child process of ``python``."""
+    worker = Path(__file__).with_name("perf_llamacpp_worker.py")
+    modes = ["plain", "prompt_lookup"]
+    arms = {m: ArmResult(f"llama.cpp {gguf.name.split('-')[-1][:-5]} {m}") for m in modes}
+    args = {
+        "gguf": str(gguf),
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "threads": threads,
+        "modes": modes,
+        "num_pred_tokens": num_pred_tokens,
+        "eos": list(eos),
+    }
+    try:
+        proc = subprocess.run(
+            [python, str(worker), json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [ArmResult(a.name, error=f"{python}: {e}") for a in arms.values()]
+    for line in proc.stdout.splitlines():
+        rec = json.loads(line)
+        if "error" in rec:
+            return [ArmResult(a.name, error=rec["error"]) for a in arms.values()]
+        arm = arms[rec["mode"]]
+        arm.token_ids.append(rec["token_ids"])
+        arm.prefill_s.append(rec["prefill_s"])
+        arm.decode_s.append(rec["decode_s"])
+    if proc.returncode != 0:
+        err = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return [
+            ArmResult(a.name, error=f"llama.cpp worker failed: {err[0]}") for a in arms.values()
+        ]
+    arms["plain"].bytes_per_token = gguf.stat().st_size  # tied embedding: all of it is read
+    return list(arms.values())

@@ -1,0 +1,138 @@
+"""Tables of ``specserve perf``: speed per arm and prompt, ratios, achieved bandwidth, and
+quantisation quality (greedy exact match, mean log-likelihood difference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specserve.kv_cache.single_sequence import SingleSequenceCache
+from specserve.models.decoder import DecoderLM
+from specserve.perf.arms import ArmResult
+from specserve.spec_decode.replay import common_prefix
+
+# Held-out text for the log-likelihood comparison (written for this benchmark).
+HELD_OUT_TEXT = (
+    "def merge_intervals(intervals):\n"
+    '    """Merge overlapping [start, end] pairs and return them sorted."""\n'
+    "    result = []\n"
+    "    for start, end in sorted(intervals):\n"
+    "        if result and start <= result[-1][1]:\n"
+    "            result[-1][1] = max(result[-1][1], end)\n"
+    "        else:\n"
+    "            result.append([start, end])\n"
+    "    return result\n\n"
+    "The lighthouse keeper wrote in his log that the fog had lifted before noon, that two "
+    "fishing boats had come back early, and that the lamp needed a new wick by Friday.\n"
+)
+
+
+def common_prefix_fraction(a: list[int], b: list[int]) -> float:
+    """Share of ``b``'s tokens that ``a`` reproduces before the first difference."""
+    return common_prefix(a, b) / max(len(b), 1)
+
+
+@torch.inference_mode()
+def mean_log_likelihood(model: DecoderLM, ids: list[int]) -> float:
+    """Mean log-probability per token of ``ids[1:]`` given the preceding tokens."""
+    cache = SingleSequenceCache(model, len(ids) + 1)
+    logits = model.compute_logits(cache.forward(ids[:-1]))  # [T-1, vocab]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    target = torch.tensor(ids[1:]).unsqueeze(-1)
+    return float(logp.gather(-1, target).mean())
+
+
+@dataclass
+class Quality:
+    fmt: str
+    exact_match: float  # prompts whose greedy output equals the reference's
+    prefix_fraction: float  # mean share of reference tokens reproduced before a difference
+
+
+def quality_vs(plain_by_fmt: dict[str, ArmResult], ref: str) -> list[Quality]:
+    base = plain_by_fmt[ref]
+    out = []
+    for fmt, arm in plain_by_fmt.items():
+        if fmt == ref:
+            continue
+        pairs = list(zip(arm.token_ids, base.token_ids, strict=True))
+        exact = sum(a == b for a, b in pairs) / len(pairs)
+        prefix = sum(common_prefix_fraction(a, b) for a, b in pairs) / len(pairs)
+        out.append(Quality(fmt, exact, prefix))
+    return out
+
+
+def _reference_for(arm: ArmResult, plain_by_fmt: dict[str, ArmResult]) -> ArmResult | None:
+    for fmt, plain in plain_by_fmt.items():
+        if arm.name.startswith(f"specserve {fmt} "):
+            return plain
+    return plain_by_fmt.get("bf16")
+
+
+def print_table(
+    results: list[ArmResult],
+    names: list[str],
+    kinds: list[str],
+    bandwidth_gbs: float,
+    plain_by_fmt: dict[str, ArmResult],
+) -> None:
+    """One row per arm; per prompt: decode tok/s, ×bf16 plain, ×llama.cpp plain, tokens per
+    target forward, output == the same format's plain output (specserve) or bf16's."""
+    bf16 = plain_by_fmt.get("bf16")
+    llama = next(
+        (
+            r
+            for r in results
+            if r.name.startswith("llama.cpp") and r.name.endswith("plain") and not r.error
+        ),
+        None,
+    )
+    print()
+    head = " | ".join(
+        f"{n} ({k}): tok/s ×bf16 ×llama tok/fwd same" for n, k in zip(names, kinds, strict=True)
+    )
+    print(f"| arm | {head} | achieved BW |")
+    for r in results:
+        if r.error:
+            print(f"| {r.name} | NOT RUN: {r.error} |")
+            continue
+        cells = []
+        ref = _reference_for(r, plain_by_fmt)
+        for i in range(len(names)):
+            tps = r.tok_per_s(i)
+            x_bf16 = f"{tps / bf16.tok_per_s(i):.2f}" if bf16 and bf16.tok_per_s(i) else "-"
+            x_llama = f"{tps / llama.tok_per_s(i):.2f}" if llama and llama.tok_per_s(i) else "-"
+            tpf = r.tokens_per_forward(i)
+            same = (
+                "-"
+                if ref is None or ref is r
+                else (
+                    "yes"
+                    if r.token_ids[i] == ref.token_ids[i]
+                    else f"{common_prefix_fraction(r.token_ids[i], ref.token_ids[i]):.0%}"
+                )
+            )
+            cells.append(
+                f"{tps:.1f} {x_bf16} {x_llama} {tpf:.2f} {same}"
+                if tpf
+                else f"{tps:.1f} {x_bf16} {x_llama} - {same}"
+            )
+        bw = "-"
+        if r.bytes_per_token:
+            mean_tps = sum(r.tok_per_s(i) for i in range(len(names))) / len(names)
+            gbs = r.bytes_per_token * mean_tps / 1e9
+            bw = (
+                f"{gbs:.1f} GB/s = {gbs / bandwidth_gbs:.0%} ({r.bytes_per_token / 1e9:.2f} GB/tok)"
+            )
+        print(f"| {r.name} | " + " | ".join(cells) + f" | {bw} |")
+
+
+def print_quality(quality: list[Quality], results: list[ArmResult]) -> None:
+    del results
+    print()
+    for q in quality:
+        print(
+            f"quality {q.fmt} vs bf16 (plain greedy, these prompts): exact match "
+            f"{q.exact_match:.0%}, tokens before first difference {q.prefix_fraction:.0%}"
+        )

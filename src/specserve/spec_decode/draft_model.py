@@ -1,0 +1,229 @@
+"""Drafting with a smaller model that shares the target's tokenizer.
+
+The draft model keeps its own KV cache per request, in a *lane*: a contiguous run of cache
+slots (slot of position p = lane base + p) inside one cache shared by all lanes, so several
+requests run in one padded forward. The lane's bookkeeping is the list of tokens whose K/V
+it holds. On each propose the lane is rolled back (a pointer move, nothing is copied) to the
+longest common prefix with the request's committed tokens, the missing committed tokens are
+caught up in one forward, and then k tokens are drafted one forward at a time. After a fully
+accepted draft the catch-up is two tokens (the last draft and the bonus token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specserve.models.cache_tensors import KVCacheTensors
+from specserve.models.decoder import AttentionMetadata, DecoderLM
+from specserve.sampling.sampler import logits_to_probs
+from specserve.spec_decode.proposer import Proposal, ProposeInput
+
+# Embedding tables are often padded past the tokenizer's vocabulary (to a multiple of 64/128
+# rows); Qwen2.5 checkpoints, for one, ship 151,936 or 152,064 rows for the same tokenizer.
+# A difference up to this many rows is treated as padding.
+MAX_VOCAB_PADDING = 512
+_PROBE_TEXT = "def add(a, b):\n    return a + b  # Hello, world! 123 ümlaut 日本"
+
+
+class VocabMismatchError(ValueError):
+    """The draft model cannot draft for the target (different tokenizer or vocabulary)."""
+
+
+def check_vocab_compatible(
+    target_vocab_size: int,
+    draft_vocab_size: int,
+    target_tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+) -> None:
+    """Refuse a draft whose tokens would mean something else to the target.
+
+    Embedding row counts may differ by up to MAX_VOCAB_PADDING (padding rows); tokenizers,
+    when given, must agree on the vocabulary size, EOS ids and the encoding of a probe text.
+    """
+    diff = abs(target_vocab_size - draft_vocab_size)
+    if diff > MAX_VOCAB_PADDING:
+        raise VocabMismatchError(
+            f"draft vocabulary ({draft_vocab_size} rows) differs from the target's "
+            f"({target_vocab_size}) by {diff} > {MAX_VOCAB_PADDING}: not the same tokenizer"
+        )
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    for attr in ("vocab_size", "eos_token_ids"):
+        t, d = getattr(target_tokenizer, attr, None), getattr(draft_tokenizer, attr, None)
+        if t != d:
+            raise VocabMismatchError(f"tokenizers differ in {attr}: target {t!r}, draft {d!r}")
+    t_ids = target_tokenizer.encode(_PROBE_TEXT, add_special_tokens=False)
+    d_ids = draft_tokenizer.encode(_PROBE_TEXT, add_special_tokens=False)
+    if list(t_ids) != list(d_ids):
+        raise VocabMismatchError("tokenizers encode the same text differently")
+
+
+@dataclass
+class _Lane:
+    index: int
+    base_slot: int
+    tokens: list[int] = field(default_factory=list)  # positions whose K/V the lane holds
+
+
+class DraftModelProposer:
+    """Proposer backed by a small decoder (see the module docstring).
+
+    Args:
+        model: the draft decoder (its dtype/device are used as they are).
+        target_vocab_size: rows of the target's logits; draft probabilities are given over
+            this vocabulary (extra draft rows are never proposed, missing ones get 0).
+        max_num_seqs: lanes, i.e. requests with draft state at the same time.
+        max_model_len: longest sequence a lane holds (committed + drafted tokens).
+        block_size: cache block size (lanes start on block boundaries after the scratch block).
+    """
+
+    def __init__(
+        self,
+        model: DecoderLM,
+        target_vocab_size: int,
+        max_num_seqs: int = 4,
+        max_model_len: int = 4096,
+        block_size: int = 16,
+    ) -> None:
+        check_vocab_compatible(target_vocab_size, model.cfg.vocab_size)
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.max_model_len = min(max_model_len, model.cfg.max_position_embeddings)
+        blocks_per_lane = -(-self.max_model_len // block_size)
+        self.kv: KVCacheTensors = model.make_kv_cache(
+            1 + max_num_seqs * blocks_per_lane, block_size
+        )
+        self._free = [
+            _Lane(i, block_size * (1 + i * blocks_per_lane), []) for i in range(max_num_seqs)
+        ][::-1]
+        self._lanes: dict[str, _Lane] = {}
+
+    def release(self, request_id: str) -> None:
+        lane = self._lanes.pop(request_id, None)
+        if lane is not None:
+            lane.tokens = []
+            self._free.append(lane)
+
+    def _lane(self, request_id: str) -> _Lane:
+        lane = self._lanes.get(request_id)
+        if lane is None:
+            if not self._free:
+                raise RuntimeError(
+                    f"draft model has no free lane for request {request_id!r}: all "
+                    f"{len(self._lanes)} are in use (raise max_num_seqs or release requests)"
+                )
+            lane = self._lanes[request_id] = self._free.pop()
+        return lane
+
+    @torch.inference_mode()
+    def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
+        """Optionally run the prompt through the draft ahead of the first propose (e.g. while
+        the target prefills), so the first decode step only catches up one token."""
+        if not prompt_ids or len(prompt_ids) > self.max_model_len:
+            return
+        lane = self._lane(request_id)
+        del lane.tokens[:]
+        self._forward({0: lane}, {0: list(prompt_ids)})
+
+    @torch.inference_mode()
+    def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]:
+        drafts: list[list[int]] = [[] for _ in batch]
+        probs: list[list[torch.Tensor]] = [[] for _ in batch]
+        # Room in the lane: the k - 1 drafts fed back need positions n .. n + k - 2.
+        ks = [
+            min(inp.num_draft_tokens, self.max_model_len - len(inp.token_ids) + 1) for inp in batch
+        ]
+        active = [i for i, k in enumerate(ks) if k > 0]
+        if not active:
+            return [Proposal([]) for _ in batch]
+        lanes = {i: self._lane(batch[i].request_id) for i in active}
+
+        # Roll each lane back to its common prefix with the committed tokens, then catch up.
+        feeds: dict[int, list[int]] = {}
+        for i in active:
+            lane, tokens = lanes[i], batch[i].token_ids
+            keep = 0
+            limit = min(len(lane.tokens), len(tokens) - 1)  # the last token must be fed
+            while keep < limit and lane.tokens[keep] == tokens[keep]:
+                keep += 1
+            del lane.tokens[keep:]  # rollback: forget positions >= keep
+            feeds[i] = tokens[keep:]
+        logits = self._forward(lanes, feeds)
+        self._sample(batch, active, logits, drafts, probs)
+
+        # Draft the remaining tokens, one forward each over the requests that still want more.
+        for step in range(1, max(ks[i] for i in active)):
+            active = [i for i in active if ks[i] > step]
+            logits = self._forward(lanes, {i: [drafts[i][-1]] for i in active})
+            self._sample(batch, active, logits, drafts, probs)
+
+        return [
+            Proposal(d, torch.stack(p) if p else None) if d else Proposal([])
+            for d, p in zip(drafts, probs, strict=True)
+        ]
+
+    def _forward(self, lanes: dict[int, _Lane], feeds: dict[int, list[int]]) -> torch.Tensor:
+        """Append ``feeds[i]`` to lane i, all in one padded forward; returns the draft logits
+        after each lane's last new token, ``# [len(feeds), target_vocab_size]``."""
+        order = list(feeds)
+        device = self.model.device
+        num_new = [len(feeds[i]) for i in order]
+        starts = [len(lanes[i].tokens) for i in order]
+        t_max = max(num_new)
+        s_max = max(s + n for s, n in zip(starts, num_new, strict=True))
+        scratch = KVCacheTensors.SCRATCH_BLOCK * self.kv.block_size
+        ids = torch.zeros(len(order), t_max, dtype=torch.long)  # [B, T]
+        positions = torch.zeros(len(order), t_max, dtype=torch.long)  # [B, T]
+        slots = torch.full((len(order), t_max), scratch, dtype=torch.long)  # [B, T]
+        context = torch.full((len(order), s_max), scratch, dtype=torch.long)  # [B, S]
+        for row, i in enumerate(order):
+            lane, start, n = lanes[i], starts[row], num_new[row]
+            ids[row, :n] = torch.tensor(feeds[i])
+            positions[row, :n] = torch.arange(start, start + n)
+            slots[row, :n] = positions[row, :n] + lane.base_slot
+            context[row, : start + n] = torch.arange(start + n) + lane.base_slot
+            lane.tokens.extend(feeds[i])
+        meta = AttentionMetadata(positions.to(device), slots.to(device), context.to(device))
+        hidden = self.model(ids.to(device), meta, self.kv)  # [B, T, hidden]
+        last = torch.tensor(num_new, device=device) - 1
+        logits = self.model.compute_logits(hidden[torch.arange(len(order), device=device), last])
+        return self._to_target_vocab(logits)  # [B, target_vocab]
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """``# [B, draft_vocab]`` -> ``# [B, target_vocab]``: padding rows are cut off or
+        added with -inf, so the draft never proposes a token the target cannot score."""
+        v = self.target_vocab_size
+        if logits.shape[-1] >= v:
+            return logits[:, :v]
+        pad = logits.new_full((logits.shape[0], v - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def _sample(
+        self,
+        batch: Sequence[ProposeInput],
+        active: list[int],
+        logits: torch.Tensor,
+        drafts: list[list[int]],
+        probs: list[list[torch.Tensor]],
+    ) -> None:
+        """Append one draft token per active request (``logits # [len(active), vocab]``)."""
+        greedy_rows = [r for r, i in enumerate(active) if batch[i].params.greedy]
+        if greedy_rows:
+            best = logits[greedy_rows].argmax(-1).tolist()  # host sync, once per step
+            for r, tok in zip(greedy_rows, best, strict=True):
+                drafts[active[r]].append(int(tok))
+        for r, i in enumerate(active):
+            inp = batch[i]
+            if inp.params.greedy:
+                continue
+            row = logits_to_probs(logits[r : r + 1], inp.params)[0]  # [vocab]
+            drafts[i].append(int(torch.multinomial(row, 1, generator=inp.generator)[0]))
+            probs[i].append(row)

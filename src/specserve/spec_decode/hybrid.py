@@ -1,0 +1,159 @@
+"""Suffix drafts where they have been accepted, the draft model otherwise.
+
+Structured outputs (repeated lines, templated code) are where suffix matching drafts long
+runs for free; open-ended text, counting and filled-in templates are where the trie drafts
+confidently and wrongly, and a draft model guesses far better. The hybrid therefore asks the
+suffix proposer first for every request and keeps, per request, a decayed *realised
+acceptance rate* of each source: the suffix's from its drafts (also those it was not chosen
+for, checked against the tokens the target committed afterwards: a free shadow evaluation),
+the draft model's from the drafts it served. A request gets the suffix draft when it is at
+least ``min_suffix_tokens`` long (or k, when k is smaller) and the suffix's rate is within
+``suffix_margin`` of the draft model's (a suffix draft costs nothing, so it may be a bit
+worse); every other request falls back to the draft model, in one batched draft call. The
+draft model keeps its own KV cache in step lazily (``DraftModelProposer`` rolls back and
+catches up on each call), so steps it skips cost it nothing but a longer catch-up later.
+
+The idea of combining a model-free suffix proposer with a model-based one comes from
+SuffixDecoding (Oliaro et al., 2024).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specserve.spec_decode.draft_model import DraftModelProposer
+from specserve.spec_decode.proposer import Proposal, ProposeInput
+from specserve.spec_decode.suffix import SuffixProposer
+
+
+@dataclass
+class _SourceRate:
+    """Decayed counts of drafted tokens whose outcome was seen, and of accepted ones."""
+
+    accepted: float
+    tried: float
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.tried
+
+    def observe(self, draft: Sequence[int], committed: Sequence[int], decay: float) -> None:
+        """Score ``draft`` against the tokens committed after it was made: positions up to
+        the first mismatch count (the verifier stops there); positions past the committed
+        tokens are unknown and not counted."""
+        tried = accepted = 0
+        for drafted, actual in zip(draft, committed, strict=False):
+            tried += 1
+            if drafted != actual:
+                break
+            accepted += 1
+        if tried:
+            self.accepted = self.accepted * decay + accepted
+            self.tried = self.tried * decay + tried
+
+
+@dataclass
+class _Pending:
+    """A request's drafts of its last step, scored at its next one."""
+
+    context_len: int
+    suffix: list[int]
+    model: list[int] | None  # the draft model's draft, when it served the step
+
+
+@dataclass
+class _RequestState:
+    suffix: _SourceRate
+    model: _SourceRate
+    pending: _Pending | None = None
+
+
+class HybridProposer:
+    """Suffix first, draft model as the fallback (see the module docstring).
+
+    Args:
+        suffix: the model-free proposer asked first.
+        draft: the draft-model proposer used where the suffix draft is short or unreliable.
+        min_suffix_tokens: a suffix draft shorter than this (and than k) is never used.
+        suffix_margin: the suffix is used while its acceptance rate >= the model's - this.
+        decay: per-step decay of the acceptance counts (recent steps weigh more).
+        prior_weight: pseudo-observations behind each source's starting rate.
+    """
+
+    def __init__(
+        self,
+        suffix: SuffixProposer,
+        draft: DraftModelProposer,
+        min_suffix_tokens: int = 2,
+        suffix_margin: float = 0.1,
+        decay: float = 0.8,
+        prior_weight: float = 2.0,
+    ) -> None:
+        if min_suffix_tokens < 1:
+            raise ValueError(f"min_suffix_tokens must be >= 1, got {min_suffix_tokens}")
+        if not 0.0 <= suffix_margin <= 1.0:
+            raise ValueError(f"suffix_margin must be in [0, 1], got {suffix_margin}")
+        if not 0.0 < decay <= 1.0 or prior_weight <= 0:
+            raise ValueError(
+                f"need 0 < decay <= 1 and prior_weight > 0, got {decay}, {prior_weight}"
+            )
+        self.suffix = suffix
+        self.draft = draft
+        self.min_suffix_tokens = min_suffix_tokens
+        self.suffix_margin = suffix_margin
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.num_suffix_drafts = 0  # requests served by the suffix trie (for stats/tests)
+        self.num_model_drafts = 0  # requests that fell back to the draft model
+        self._requests: dict[str, _RequestState] = {}
+
+    def _state(self, inp: ProposeInput) -> _RequestState:
+        state = self._requests.get(inp.request_id)
+        if state is None:
+            # Both sources start at the same optimistic rate: a fresh request tries the suffix.
+            w = self.prior_weight
+            state = _RequestState(_SourceRate(w, w), _SourceRate(w, w))
+            self._requests[inp.request_id] = state
+        pending = state.pending
+        if pending is not None and len(inp.token_ids) > pending.context_len:
+            committed = inp.token_ids[pending.context_len :]
+            state.suffix.observe(pending.suffix, committed, self.decay)
+            if pending.model is not None:
+                state.model.observe(pending.model, committed, self.decay)
+        state.pending = None  # (a preempted/rolled-back request simply scores nothing)
+        return state
+
+    def suffix_rate(self, request_id: str) -> float | None:
+        """The request's current suffix acceptance estimate (None before its first call)."""
+        state = self._requests.get(request_id)
+        return None if state is None else state.suffix.rate
+
+    def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]:
+        proposals = self.suffix.propose(batch)
+        states = [self._state(inp) for inp in batch]
+        fallback = [
+            i
+            for i, (inp, prop, st) in enumerate(zip(batch, proposals, states, strict=True))
+            if len(prop) < min(self.min_suffix_tokens, inp.num_draft_tokens)
+            or st.suffix.rate + self.suffix_margin < st.model.rate
+        ]
+        self.num_suffix_drafts += len(batch) - len(fallback)
+        self.num_model_drafts += len(fallback)
+        drafted = self.draft.propose([batch[i] for i in fallback]) if fallback else []
+        model_drafts = dict(zip(fallback, drafted, strict=True))
+        for i, (inp, st) in enumerate(zip(batch, states, strict=True)):
+            model = model_drafts.get(i)
+            st.pending = _Pending(
+                len(inp.token_ids),
+                list(proposals[i].draft_token_ids),
+                None if model is None else list(model.draft_token_ids),
+            )
+            if model is not None:
+                proposals[i] = model
+        return proposals
+
+    def release(self, request_id: str) -> None:
+        self.suffix.release(request_id)
+        self.draft.release(request_id)
+        self._requests.pop(request_id, None)

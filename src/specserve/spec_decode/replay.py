@@ -1,0 +1,120 @@
+"""Replaying greedy speculative decoding from a recorded acceptance trace.
+
+At temperature 0 a step's outcome is a function of where it starts: if ``runs[p]`` is how many
+tokens the draft gets right when it drafts after committed position ``p`` (the length of the
+common prefix of its greedy draft and the target's greedy continuation), a step at ``p`` with
+k drafts accepts ``min(k, runs[p])`` of them and commits that many plus one. Together with a
+cost model (verify time per number of tokens verified, draft time per k) this gives the
+decode time of any k policy on exactly the same text, without running a model and without
+the near-tie flips that make bf16 arms of a live benchmark decode different texts.
+
+Terms:
+    trace: the target's greedy output ``tokens`` (the first comes from the prefill) and
+        ``runs``, one entry per position that can start a step (``len(tokens) - 1``).
+    costs: :class:`StepCosts`, measured once on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specserve.spec_decode.k_controller import KController
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured step times of one target/draft pair at batch 1.
+
+    Attributes:
+        verify_s: ``verify_s[t - 1]`` is a target forward over t tokens (t = k + 1).
+        draft_base_s: fixed time of a propose call (catch-up forward, bookkeeping).
+        draft_token_s: time per drafted token.
+    """
+
+    verify_s: tuple[float, ...]
+    draft_base_s: float
+    draft_token_s: float
+
+    def __post_init__(self) -> None:
+        if not self.verify_s or min(self.verify_s) <= 0:
+            raise ValueError("verify_s needs a positive time for every step size from 1 token")
+        if self.draft_base_s < 0 or self.draft_token_s < 0:
+            raise ValueError("draft costs must be >= 0")
+
+    @property
+    def k_max(self) -> int:
+        return len(self.verify_s) - 1
+
+    def draft(self, k: int) -> float:
+        return 0.0 if k == 0 else self.draft_base_s + k * self.draft_token_s
+
+
+@dataclass
+class ReplayResult:
+    """Decode time and acceptance of one policy on one trace."""
+
+    decode_s: float = 0.0
+    num_tokens: int = 0  # tokens after the first (what TPOT divides by)
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+    k_history: list[int] = field(default_factory=list)
+
+    @property
+    def tpot_s(self) -> float:
+        return self.decode_s / self.num_tokens if self.num_tokens else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+
+def replay(
+    runs: Sequence[int],
+    policy: int | KController,
+    costs: StepCosts,
+    request_id: str = "replay",
+) -> ReplayResult:
+    """Decode a trace of ``len(runs) + 1`` tokens with a fixed k or a controller.
+
+    A controller sees exactly what it sees live: ``choose_k`` before each step, then
+    ``observe`` and ``record_cost`` with the modelled times; it is released at the end, so
+    one controller replayed over several traces carries its global state across them.
+    """
+    if isinstance(policy, int) and not (0 <= policy <= costs.k_max):
+        raise ValueError(f"k must be in [0, {costs.k_max}] (the measured sizes), got {policy}")
+    if any(r < 0 for r in runs):
+        raise ValueError("run lengths must be >= 0")
+    out = ReplayResult()
+    pos, last = 0, len(runs)  # position p: tokens[: p + 1] are committed
+    try:
+        while pos < last:
+            k = policy if isinstance(policy, int) else policy.choose_k(request_id, 1)
+            k = min(k, last - pos - 1, costs.k_max)  # drafts + 1 bonus fit the budget
+            accepted = min(k, runs[pos])
+            draft_s, verify_s = costs.draft(k), costs.verify_s[k]
+            out.decode_s += draft_s + verify_s
+            out.num_tokens += accepted + 1
+            out.num_steps += 1
+            out.num_drafted += k
+            out.num_accepted += accepted
+            out.k_history.append(k)
+            if isinstance(policy, KController):
+                policy.observe(request_id, k, accepted)
+                policy.record_cost(draft_s, k, verify_s, k + 1)
+            pos += accepted + 1
+    finally:
+        if isinstance(policy, KController):
+            policy.release(request_id)
+    return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,156 @@
+"""Draft-model proposer: vocabulary checks, lane rollback/catch-up and batching."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.draft_model import (
+    MAX_VOCAB_PADDING,
+    DraftModelProposer,
+    VocabMismatchError,
+    check_vocab_compatible,
+)
+from specserve.spec_decode.proposer import ProposeInput
+from tests.conftest import make_tiny_model
+
+GREEDY = SamplingParams()
+
+
+def inp(rid: str, tokens: list[int], k: int, params: SamplingParams = GREEDY, seed=None):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return ProposeInput(rid, tokens, k, params, gen)
+
+
+def fresh_draft(proposer: DraftModelProposer, tokens: list[int], k: int) -> list[int]:
+    other = DraftModelProposer(proposer.model, proposer.target_vocab_size, max_model_len=128)
+    return other.propose([inp("x", tokens, k)])[0].draft_token_ids
+
+
+class ToyTokenizer:
+    """Character-level tokenizer; ``shift`` makes a different (incompatible) vocabulary."""
+
+    def __init__(self, vocab_size: int = 97, shift: int = 0, eos: tuple[int, ...] = (96,)):
+        self.vocab_size, self.shift, self.eos_token_ids = vocab_size, shift, eos
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [(ord(c) + self.shift) % self.vocab_size for c in text]
+
+
+def test_vocab_check() -> None:
+    check_vocab_compatible(151936, 151936)
+    check_vocab_compatible(152064, 151936)  # padding rows only
+    with pytest.raises(VocabMismatchError, match="differs"):
+        check_vocab_compatible(151936, 151936 - MAX_VOCAB_PADDING - 1)
+    check_vocab_compatible(97, 97, ToyTokenizer(), ToyTokenizer())
+    with pytest.raises(VocabMismatchError, match="encode"):
+        check_vocab_compatible(97, 97, ToyTokenizer(), ToyTokenizer(shift=1))
+    with pytest.raises(VocabMismatchError, match="eos_token_ids"):
+        check_vocab_compatible(97, 97, ToyTokenizer(), ToyTokenizer(eos=(0,)))
+    with pytest.raises(VocabMismatchError):
+        DraftModelProposer(make_tiny_model(vocab_size=2000), target_vocab_size=97)
+
+
+def test_rollback_and_catch_up_match_a_fresh_lane() -> None:
+    """Whatever the history (drafts fully/partly accepted, text rewritten), a lane drafts
+    what a proposer seeing the tokens for the first time drafts."""
+    proposer = DraftModelProposer(make_tiny_model("qwen2", seed=1), 97, max_model_len=128)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 96, (6,), generator=g).tolist()
+    for step in range(12):
+        k = [1, 3, 5, 2][step % 4]
+        draft = proposer.propose([inp("r", tokens, k)])[0].draft_token_ids
+        assert len(draft) == k
+        assert draft == fresh_draft(proposer, tokens, k)
+        # The lane holds the committed tokens and every draft but the last.
+        assert proposer._lanes["r"].tokens == tokens + draft[:-1]
+        accept = step % (k + 1)  # every acceptance length 0..k over the steps
+        bonus = int(torch.randint(0, 96, (1,), generator=g))
+        tokens = tokens + draft[:accept] + [bonus]
+        if step == 7:
+            tokens = [*tokens[:4], 1, 2, 3]  # diverged history (e.g. recompute)
+
+
+def test_batch_equals_requests_alone() -> None:
+    model = make_tiny_model("llama", seed=2)
+    seqs = [[5, 6, 7], list(range(20, 40)), [9], [3, 1, 4, 1, 5, 9, 2, 6]]
+    ks = [4, 2, 6, 1]
+    batched = DraftModelProposer(model, 97, max_model_len=128)
+    out = batched.propose(
+        [inp(f"r{i}", s, k) for i, (s, k) in enumerate(zip(seqs, ks, strict=True))]
+    )
+    for s, k, p in zip(seqs, ks, out, strict=True):
+        assert p.draft_token_ids == fresh_draft(batched, s, k)
+    # A second, ragged step: each request's history advanced differently.
+    seqs2 = [
+        s + p.draft_token_ids[:j] + [11] for j, (s, p) in enumerate(zip(seqs, out, strict=True))
+    ]
+    out2 = batched.propose([inp(f"r{i}", s, 3) for i, s in enumerate(seqs2)])
+    for s, p in zip(seqs2, out2, strict=True):
+        assert p.draft_token_ids == fresh_draft(batched, s, 3)
+
+
+def test_sampled_draft_returns_processed_probs_and_is_seeded() -> None:
+    model = make_tiny_model("qwen3", seed=3)
+    params = SamplingParams(temperature=0.8, top_k=10)
+    a = DraftModelProposer(model, 97).propose([inp("r", [1, 2, 3], 4, params, seed=5)])[0]
+    b = DraftModelProposer(model, 97).propose([inp("r", [1, 2, 3], 4, params, seed=5)])[0]
+    assert a.draft_token_ids == b.draft_token_ids and len(a) == 4
+    assert a.draft_probs is not None and a.draft_probs.shape == (4, 97)
+    torch.testing.assert_close(a.draft_probs.sum(-1), torch.ones(4))
+    assert int((a.draft_probs > 0).sum(-1).max()) <= 10  # top-k applied like the target's
+    for tok, row in zip(a.draft_token_ids, a.draft_probs, strict=True):
+        assert row[tok] > 0
+
+
+def test_vocab_padding_rows_are_never_proposed() -> None:
+    # Draft with 3 extra (padding) rows that it strongly prefers: they must never come out.
+    draft = make_tiny_model("llama", seed=4, vocab_size=100)
+    with torch.no_grad():
+        draft.lm_head.weight[97:] = draft.lm_head.weight[:3] * 50
+    proposer = DraftModelProposer(draft, target_vocab_size=97)
+    params = SamplingParams(temperature=1.0)
+    for p in proposer.propose([inp("a", [1, 2, 3], 5), inp("b", [4, 5], 5, params, seed=1)]):
+        assert all(t < 97 for t in p.draft_token_ids)
+    assert p.draft_probs is not None and p.draft_probs.shape == (5, 97)
+    # A draft with fewer rows than the target: its probabilities are zero-padded.
+    small = DraftModelProposer(make_tiny_model("llama", seed=4, vocab_size=95), 97)
+    q = small.propose([inp("c", [1, 2], 2, params, seed=2)])[0].draft_probs
+    assert q is not None and q.shape == (2, 97) and float(q[:, 95:].sum()) == 0.0
+
+
+def test_lanes_context_room_and_release() -> None:
+    proposer = DraftModelProposer(make_tiny_model(seed=5), 97, max_num_seqs=2, max_model_len=16)
+    proposer.propose([inp("a", [1, 2], 2), inp("b", [3, 4], 2)])
+    with pytest.raises(RuntimeError, match="no free lane"):
+        proposer.propose([inp("c", [5], 2)])
+    proposer.release("a")
+    proposer.release("never-seen")  # no-op
+    assert len(proposer.propose([inp("c", [5], 2)])[0]) == 2
+    # Drafts fed back must fit the lane: 14 tokens + k - 1 <= 16 -> k <= 3.
+    assert len(proposer.propose([inp("b", list(range(14)), 8)])[0]) == 3
+    assert len(proposer.propose([inp("b", list(range(17)), 8)])[0]) == 0
+
+
+def test_identical_draft_model_proposes_the_targets_greedy_tokens() -> None:
+    from specserve.spec_decode.plain_loop import generate_plain
+
+    target = make_tiny_model("qwen2", seed=6)
+    prompt = [10, 20, 30]
+    plain = generate_plain(target, prompt, SamplingParams(max_tokens=9, ignore_eos=True), (96,))
+    proposer = DraftModelProposer(copy.deepcopy(target), 97)
+    draft = proposer.propose([inp("r", [*prompt, plain.token_ids[0]], 8)])[0]
+    assert draft.draft_token_ids == plain.token_ids[1:9]
+
+
+def test_prefill_then_propose_equals_propose() -> None:
+    proposer = DraftModelProposer(make_tiny_model("qwen2", seed=7), 97, max_model_len=64)
+    prompt = [4, 8, 15, 16, 23, 42]
+    proposer.prefill("r", prompt)
+    assert proposer._lanes["r"].tokens == prompt
+    draft = proposer.propose([inp("r", [*prompt, 7], 4)])[0].draft_token_ids
+    assert draft == fresh_draft(proposer, [*prompt, 7], 4)
+    assert proposer._lanes["r"].tokens == [*prompt, 7, *draft[:-1]]

@@ -1,0 +1,105 @@
+"""HybridProposer: suffix drafts where they get accepted, the draft model elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.draft_model import DraftModelProposer
+from specserve.spec_decode.hybrid import HybridProposer
+from specserve.spec_decode.proposer import ProposeInput
+from specserve.spec_decode.suffix import SuffixProposer
+from tests.conftest import make_tiny_model
+
+VOCAB = 29
+
+
+def _hybrid() -> HybridProposer:
+    draft = DraftModelProposer(make_tiny_model("llama", seed=5, vocab_size=VOCAB), VOCAB)
+    return HybridProposer(SuffixProposer(), draft)
+
+
+def _inp(rid: str, tokens: list[int], k: int = 4) -> ProposeInput:
+    return ProposeInput(rid, tokens, k, SamplingParams())
+
+
+def test_repetitive_request_uses_suffix_and_novel_one_falls_back() -> None:
+    hybrid = _hybrid()
+    repetitive = [1, 2, 3, 4, 5] * 6 + [1, 2]
+    novel = [7, 19, 3, 11, 23, 5]
+    rep, nov = hybrid.propose([_inp("rep", repetitive), _inp("nov", novel)])
+    assert rep.draft_token_ids[:3] == [3, 4, 5] and rep.draft_probs is None
+    # The model fallback always drafts k tokens (a draft model never has "no match").
+    assert len(nov.draft_token_ids) == 4
+    assert hybrid.num_suffix_drafts == 1 and hybrid.num_model_drafts == 1
+
+
+def test_fallback_drafts_equal_the_draft_models_own() -> None:
+    model = make_tiny_model("llama", seed=5, vocab_size=VOCAB)
+    alone = DraftModelProposer(model, VOCAB).propose([_inp("a", [7, 19, 3, 11])])[0]
+    hybrid = HybridProposer(SuffixProposer(), DraftModelProposer(model, VOCAB))
+    mixed = hybrid.propose([_inp("a", [7, 19, 3, 11])])[0]
+    assert mixed.draft_token_ids == alone.draft_token_ids
+
+
+def test_sampled_fallback_carries_probs() -> None:
+    hybrid = _hybrid()
+    params = SamplingParams(temperature=0.8, seed=3)
+    gen = torch.Generator().manual_seed(3)
+    (p,) = hybrid.propose([ProposeInput("s", [7, 19, 3, 11], 3, params, gen)])
+    assert p.draft_probs is not None and p.draft_probs.shape == (3, VOCAB)
+
+
+def test_release_forgets_both_states_and_bad_threshold() -> None:
+    hybrid = _hybrid()
+    hybrid.propose([_inp("x", [1, 2, 3, 1, 2])])
+    hybrid.release("x")
+    hybrid.release("never-seen")
+    with pytest.raises(ValueError, match="min_suffix_tokens"):
+        HybridProposer(SuffixProposer(), hybrid.draft, min_suffix_tokens=0)
+    with pytest.raises(ValueError, match="suffix_margin"):
+        HybridProposer(SuffixProposer(), hybrid.draft, suffix_margin=1.5)
+    assert hybrid.suffix_rate("x") is None
+
+
+def test_a_suffix_that_keeps_missing_hands_over_to_the_model_and_recovers() -> None:
+    hybrid = _hybrid()
+    # The trie confidently drafts an old continuation of "1 2" that the target rejects at
+    # the first token, while the target accepts whatever the draft model proposes.
+    tokens = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
+    sources = []
+    for n in range(6, 14):
+        before = hybrid.num_suffix_drafts
+        (p,) = hybrid.propose([_inp("c", tokens)])
+        if hybrid.num_suffix_drafts > before:
+            sources.append("suffix")
+            tokens += [n, 1, 2]  # rejected at its first token
+        else:
+            sources.append("model")
+            tokens += [*p.draft_token_ids, n]  # all accepted, plus the bonus token
+    assert sources[0] == "suffix" and sources[-4:] == ["model"] * 4
+    rate = hybrid.suffix_rate("c")
+    assert rate is not None and rate < 0.5
+    suffix_before = hybrid.num_suffix_drafts
+    # The output turns repetitive: the suffix's shadow drafts get confirmed, its rate
+    # recovers and it serves the request again.
+    period = [20, 21, 22, 23, 24, 25]
+    tokens += period * 2
+    for _ in range(12):
+        hybrid.propose([_inp("c", tokens)])
+        tokens += period[:2]
+        period = period[2:] + period[:2]
+    assert hybrid.num_suffix_drafts > suffix_before
+    rate = hybrid.suffix_rate("c")
+    assert rate is not None and rate > 0.8
+
+
+def test_repetitive_request_keeps_the_suffix() -> None:
+    hybrid = _hybrid()
+    tokens = [1, 2, 3, 4, 5] * 4
+    for _ in range(6):
+        (p,) = hybrid.propose([_inp("r", tokens)])
+        assert p.draft_token_ids == [1, 2, 3, 4]
+        tokens += [1, 2, 3, 4, 5]  # all four accepted, then the bonus token
+    assert hybrid.num_model_drafts == 0 and hybrid.num_suffix_drafts == 6

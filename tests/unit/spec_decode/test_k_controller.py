@@ -1,0 +1,148 @@
+"""The k controller: expected tokens, cost model, k = 0 when speculation does not pay,
+re-probing, fixed k, and convergence to the best k on a simulated workload."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specserve.spec_decode.k_controller import KController
+
+
+def test_fixed_k() -> None:
+    c = KController(8, fixed_k=5)
+    assert c.choose_k("r") == 5
+    c.observe("r", 5, 0)
+    assert c.choose_k("r", batch_size=16) == 5
+    with pytest.raises(ValueError):
+        KController(4, fixed_k=5)
+    with pytest.raises(ValueError):
+        KController(-1)
+
+
+def test_expected_tokens_from_priors_and_observations() -> None:
+    c = KController(8, prior_acceptance=0.5, prior_weight=2.0)
+    assert c.expected_tokens("new", 0) == 1.0
+    assert c.expected_tokens("new", 2) == pytest.approx(1 + 0.5 + 0.25)
+    for _ in range(200):
+        c.observe("r", 4, 4)
+    # Per-request estimate near 1 at every observed position.
+    assert c.expected_tokens("r", 4) == pytest.approx(5.0, abs=0.2)
+    # Another request borrows the global estimate as its prior.
+    assert c.expected_tokens("other", 4) > c.expected_tokens("new-controller-would-have", 0)
+    with pytest.raises(ValueError):
+        c.observe("r", 2, 3)
+
+
+def test_speculation_off_when_it_does_not_pay_and_reprobe() -> None:
+    c = KController(8, probe_interval=5)
+    c.record_cost(0.0, 0, 0.2, 1)  # plain step: 200 ms
+    c.record_cost(0.4, 4, 0.22, 5)  # draft 100 ms per token, verify of 5 tokens 220 ms
+    for _ in range(50):
+        c.observe("r", 4, 0)  # nothing ever accepted
+    ks = [c.choose_k("r") for _ in range(10)]
+    assert ks.count(0) == 8 and ks[4] == ks[9] == 2  # plain, with a probe every 5th step
+    # The text turns repetitive: probes succeed and speculation comes back.
+    for _ in range(40):
+        c.observe("r", 2, 2)
+    assert c.choose_k("r") > 0
+
+
+def test_cheap_accurate_drafts_use_large_k() -> None:
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.001, 8, 0.24, 9)  # an n-gram-like proposer: drafting is free
+    for _ in range(30):
+        c.observe("r", 8, 8)
+    assert c.choose_k("r") == 8
+
+
+def test_verify_cost_is_kept_per_step_size() -> None:
+    c = KController(8)
+    assert c.verify_cost(1) == 1.0 and c.verify_cost(3) == pytest.approx(1.04)
+    c.record_cost(0.0, 0, 0.2, 1, batch_size=1)  # 1 token
+    c.record_cost(0.0, 0, 0.5, 1, batch_size=8)  # 8 tokens
+    assert c.verify_cost(1, 1) == 0.2 and c.verify_cost(1, 8) == 0.5
+    assert c.verify_cost(5, 1) == pytest.approx(0.2 + 0.3 * 4 / 7)  # interpolated
+    assert c.verify_cost(4, 8) == pytest.approx(0.5 * 1.62 / 1.14)  # 32 tokens: prior slope
+    # A large batch where verifying drafts is expensive: speculation is switched off there,
+    # while the same acceptance still pays at batch 1.
+    c.record_cost(0.0, 0, 1.4, 4, batch_size=8)  # 32 tokens cost 1.4 s
+    c.record_cost(0.02, 1, 0.21, 2, batch_size=1)
+    for i in range(40):
+        c.observe("r", 1, i % 2)  # half the drafts accepted
+    assert c.best_k("r", batch_size=8) == 0
+    assert c.best_k("r", batch_size=1) > 0
+
+
+def simulate(c: KController | None, k_fixed: int, accept: list[float], steps: int = 400) -> float:
+    """Tokens per second of a request with per-position acceptance ``accept`` on a model
+    whose step costs draft 50 ms/token and verify 200 ms (+2 % per token)."""
+    rng = random.Random(0)
+    tokens, seconds = 0, 0.0
+    for _ in range(steps):
+        k = c.choose_k("r") if c is not None else k_fixed
+        n = 0
+        while n < k and rng.random() < accept[min(n, len(accept) - 1)]:
+            n += 1
+        draft_s, verify_s = 0.05 * k, 0.2 * (1 + 0.02 * k)
+        if c is not None:
+            c.observe("r", k, n)
+            c.record_cost(draft_s, k, verify_s, k + 1)
+        tokens += n + 1
+        seconds += draft_s + verify_s
+    return tokens / seconds
+
+
+@pytest.mark.parametrize(
+    "accept", [[0.95], [0.9, 0.8, 0.7, 0.6], [0.6, 0.4], [0.1], [0.0]], ids=str
+)
+def test_adaptive_is_close_to_the_best_fixed_k(accept: list[float]) -> None:
+    best = max(simulate(None, k, accept) for k in range(9))
+    adaptive = simulate(KController(8), 0, accept)
+    assert adaptive >= 0.93 * best, (adaptive, best)
+    assert adaptive >= 0.95 * simulate(None, 0, accept)  # never much worse than plain
+
+
+def test_deep_positions_follow_the_request_not_earlier_requests() -> None:
+    """A prose request after many all-accepted (structured) requests: positions it rarely
+    reaches lean on its own shallow positions, not on the others' long runs."""
+    c = KController(8)
+    for i in range(40):
+        c.observe(f"structured-{i}", 8, 8)
+    for _ in range(6):
+        c.observe("prose", 4, 0)  # rejected at the first position every time
+    est = c.acceptance_estimates("prose", 4)
+    assert est[0] < 0.5
+    assert all(a < 0.75 for a in est[1:]), est  # the pooled estimate would be ~0.97
+    # A new request still starts from the recent global estimate.
+    assert c.acceptance_estimates("fresh", 1)[0] > 0.8
+
+
+def test_global_estimate_forgets_old_requests() -> None:
+    forgetting, pooling = KController(8, global_decay=0.9), KController(8, global_decay=1.0)
+    for c in (forgetting, pooling):
+        for _ in range(50):
+            c.observe("a", 4, 4)
+        for _ in range(50):
+            c.observe("b", 4, 0)
+    assert forgetting.acceptance_estimates("fresh", 1)[0] < 0.2  # mostly the prior left
+    assert pooling.acceptance_estimates("fresh", 1)[0] == pytest.approx(0.5, abs=0.02)
+    with pytest.raises(ValueError, match="global_decay"):
+        KController(8, global_decay=0.0)
+
+
+def test_verify_cost_never_decreases_with_step_size() -> None:
+    """A noisy timing of a 3-token forward below the 1-token one must not make drafting look
+    cheaper than plain decoding."""
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.24, 1)
+    c.record_cost(0.01, 2, 0.20, 3)  # n-gram-like: drafting costs 5 ms per token
+    c.record_cost(0.02, 4, 0.25, 5)
+    assert c.verify_cost(3) == pytest.approx(0.24)
+    assert c.verify_cost(2) == pytest.approx(0.24)
+    assert c.verify_cost(5) == pytest.approx(0.25)
+    for _ in range(30):
+        c.observe("r", 2, 0)  # cheap drafts that are always wrong
+    assert c.choose_k("r") == 0  # with the raw 0.20 s, k = 2 would look 19 % faster
