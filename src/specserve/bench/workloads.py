@@ -1,9 +1,9 @@
-"""Prompt suites: built-in structured / open-ended suites, user JSONL files, llmperf mode.
+"""Workloads of ``specserve bench``: the prompts of registered suites, user JSONL files and
+llmperf mode, categories interleaved.
 
-A *suite* is a list of prompts, each with a *category* (the unit of per-category tables):
-``structured`` (repeat, counting, json, report, code: outputs a drafter can predict) and
-``open-ended`` (prose, explanation: outputs it cannot). User files are JSONL with one object
-per line: ``{"prompt": str, "category": str?, "id": str?, "max_tokens": int?}``.
+Named suites live in the registry :mod:`specserve.bench.suites` (with the :class:`Prompt` type
+and the JSONL format); user files are JSONL with one object per line:
+``{"prompt": str, "category": str?, "id": str?, "max_tokens": int?}``.
 
 llmperf mode builds prompts like llmperf's token-benchmark does (so published setups can be
 reproduced): a fixed instruction asking to stream lines back, followed by lines drawn at
@@ -18,77 +18,20 @@ import hashlib
 import json
 import random
 import re
-from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
-
 from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
+from specserve.bench.suites import SUITES, Prompt, builtin_lines, get_suite, load_jsonl
 
-BUILTIN_SUITES = ("structured", "open-ended")
+# Prompt is defined in the registry; bench's request code takes it from here with the workload.
+__all__ = ["Prompt", "estimate_tokens", "llmperf_prompts", "load_workload", "prompt_set_hash"]
+
 _WORD_PIECES = re.compile(r"\w+|[^\w\s]")
-
-
-class Prompt(BaseModel):
-    """One prompt of a suite."""
-
-    id: str = Field(description="Stable id, unique within the workload (used to pair arms).")
-    category: str = Field(default="default", description="Category for per-category statistics.")
-    text: str = Field(min_length=1, description="User message (chat) or prompt (completions).")
-    max_tokens: int | None = Field(
-        default=None, ge=1, description="Overrides the run's max_tokens."
-    )
 
 
 def estimate_tokens(text: str) -> int:
     """Approximate token count of ``text``: words and punctuation marks (≈ BPE tokens)."""
     return len(_WORD_PIECES.findall(text))
-
-
-def load_jsonl(path: str | Path, default_category: str | None = None) -> list[Prompt]:
-    """Read a JSONL prompt file; raises ValueError naming the bad line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"prompt file not found: {path}")
-    category = default_category or path.stem
-    prompts: list[Prompt] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-            text = obj.get("prompt", obj.get("text"))
-            if not isinstance(text, str):
-                raise ValueError("needs a string 'prompt'")
-            prompts.append(
-                Prompt(
-                    id=str(obj.get("id", f"{path.stem}-{lineno}")),
-                    category=str(obj.get("category", category)),
-                    text=text,
-                    max_tokens=obj.get("max_tokens"),
-                )
-            )
-        except (ValueError, ValidationError) as e:
-            raise ValueError(f"{path}:{lineno}: bad prompt line ({e})") from e
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
-
-
-def builtin_suite(name: str) -> list[Prompt]:
-    """One of :data:`BUILTIN_SUITES`."""
-    if name not in BUILTIN_SUITES:
-        raise ValueError(f"unknown suite {name!r}; built-in: {', '.join(BUILTIN_SUITES)}")
-    ref = resources.files("specserve.bench") / "suites" / f"{name}.jsonl"
-    with resources.as_file(ref) as path:
-        return load_jsonl(path, default_category=name)
-
-
-def builtin_lines() -> list[str]:
-    ref = resources.files("specserve.bench") / "suites" / "lines.txt"
-    return [ln for ln in ref.read_text(encoding="utf-8").splitlines() if ln.strip()]
 
 
 def llmperf_prompts(spec: LlmperfSpec) -> list[Prompt]:
@@ -142,13 +85,14 @@ def load_workload(spec: WorkloadSpec) -> list[Prompt]:
     for suite in spec.suites:
         if suite == "llmperf":
             prompts += llmperf_prompts(spec.llmperf)
-        elif suite in BUILTIN_SUITES:
-            prompts += builtin_suite(suite)
+        elif suite in SUITES:
+            prompts += get_suite(suite)
         elif suite.endswith(".jsonl") or Path(suite).is_file():
             prompts += load_jsonl(suite)
         else:
             raise ValueError(
-                f"unknown suite {suite!r}: use {', '.join(BUILTIN_SUITES)}, llmperf, or a .jsonl"
+                f"unknown suite {suite!r}: use a registered suite ({', '.join(SUITES)}), "
+                "llmperf, or a .jsonl file"
             )
     if spec.categories is not None:
         keep = set(spec.categories)

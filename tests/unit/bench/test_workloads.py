@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
+from specserve.bench.suites import SUITES, builtin_lines, load_jsonl
 from specserve.bench.workloads import (
-    builtin_lines,
     estimate_tokens,
     llmperf_prompts,
-    load_jsonl,
     load_workload,
     prompt_set_hash,
 )
@@ -36,8 +35,15 @@ def test_category_filter_and_unknown_category() -> None:
 
 
 def test_unknown_suite_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown suite"):
+    with pytest.raises(ValueError, match="unknown suite 'nope': use a registered suite"):
         load_workload(WorkloadSpec(suites=("nope",)))
+
+
+def test_every_registered_suite_can_be_benchmarked_together() -> None:
+    prompts = load_workload(WorkloadSpec(suites=tuple(SUITES)))
+    assert {"palindrome", "json-template", "mixed-0", "brief-0", "repeat-0"} <= {
+        p.id for p in prompts
+    }
 
 
 def test_user_jsonl(tmp_path: Path) -> None:
