@@ -1,7 +1,7 @@
 """The arms of ``specserve perf``: one function per engine, each returning :class:`ArmResult`.
 
 Every arm runs the same prompt token ids, greedy, batch 1, on this machine, in one process
-(llama.cpp in a child process, see ``perf_llamacpp_worker.py``), so the printed ratios are
+(llama.cpp in a child process, see ``llamacpp_worker.py``), so the printed ratios are
 measured side by side.
 """
 
@@ -234,7 +234,7 @@ def run_llamacpp(
     num_pred_tokens: int = 10,
 ) -> list[ArmResult]:
     """llama.cpp plain and prompt-lookup arms, in a child process of ``python``."""
-    worker = Path(__file__).with_name("perf_llamacpp_worker.py")
+    worker = Path(__file__).with_name("llamacpp_worker.py")
     modes = ["plain", "prompt_lookup"]
     arms = {m: ArmResult(f"llama.cpp {gguf.name.split('-')[-1][:-5]} {m}") for m in modes}
     args = {

@@ -1,12 +1,15 @@
 """Engine throughput benchmark: sequential batch-1 decoding vs the continuous-batching engine,
 with and without speculation, measured side by side in one run on the same prompts.
 
-Usage::
+A module of its own, not a ``specserve perf`` option (``specserve perf`` is batch 1; this
+measures the engine's batching)::
 
     python -m specserve.perf.engine_batching --model smollm2-135m-instruct --num-requests 8
 
-Prints one row per arm: wall time, generated tokens, aggregate tokens/s, the ratio to the
-sequential baseline and the greedy exact-match rate against it (fp32 should give 1.00).
+The prompts are the registry suite ``mixed`` (specserve.bench.suites), request ``i`` taking
+its prompt ``i`` modulo 8. Prints one row per arm: wall time, generated tokens, aggregate
+tokens/s, the ratio to the sequential baseline and the greedy exact-match rate against it
+(fp32 should give 1.00).
 """
 
 from __future__ import annotations
@@ -18,25 +21,20 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.bench.suites import get_suite
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
-from specserve.engine.builder import DTYPES, build_engine_from_models
+from specserve.dtypes import DTYPES
+from specserve.engine.builder import build_engine_from_models
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import generate_plain
 
-QUESTIONS = (
-    "Write a Python function that checks whether a string is a palindrome.",
-    "Repeat the following line 10 times: the cat sat on the mat.",
-    "Explain what a hash map is in two sentences.",
-    "Write a JSON object describing a book with title, author and year.",
-    "List the numbers from 1 to 20 separated by commas.",
-    "Write a SQL query that selects all users older than 30.",
-    "What is the capital of France? Answer in one word.",
-    "Write a haiku about the sea.",
-)
+PROMPT_SUITE = "mixed"
 
 
 @dataclass
-class ArmResult:
+class BatchingArmResult:
+    """One arm of the batching benchmark: all requests, their outputs and the wall time."""
+
     name: str
     wall_s: float
     num_tokens: int
@@ -49,17 +47,19 @@ class ArmResult:
         return self.num_tokens / self.wall_s
 
 
-def run_sequential(lm, prompts: dict[str, list[int]], params: SamplingParams) -> ArmResult:  # type: ignore[no-untyped-def]
+def run_sequential(  # type: ignore[no-untyped-def]
+    lm, prompts: dict[str, list[int]], params: SamplingParams
+) -> BatchingArmResult:
     eos = tuple(lm.tokenizer.eos_token_ids)
     t0 = time.perf_counter()
     outs = {rid: generate_plain(lm.model, p, params, eos).token_ids for rid, p in prompts.items()}
     wall = time.perf_counter() - t0
-    return ArmResult("sequential batch-1", wall, sum(map(len, outs.values())), outs)
+    return BatchingArmResult("sequential batch-1", wall, sum(map(len, outs.values())), outs)
 
 
 def run_engine(  # type: ignore[no-untyped-def]
     lm, prompts: dict[str, list[int]], params: SamplingParams, spec: SpecConfig, args
-) -> ArmResult:
+) -> BatchingArmResult:
     config = EngineConfig(
         model=ModelConfig(lm.name, dtype=args.dtype, max_model_len=2048),
         cache=CacheConfig(block_size=16, memory_bytes=args.kv_cache_mib << 20),
@@ -87,7 +87,7 @@ def run_engine(  # type: ignore[no-untyped-def]
     mal = stats.spec.mean_acceptance_length if spec.enabled else None
     counts = stats.k_chosen_counts
     mean_k = sum(k * n for k, n in counts.items()) / sum(counts.values()) if counts else None
-    return ArmResult(name, wall, sum(map(len, outs.values())), outs, mal, mean_k)
+    return BatchingArmResult(name, wall, sum(map(len, outs.values())), outs, mal, mean_k)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,9 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from specserve.loading import load_model
 
     lm = load_model(args.model, dtype=DTYPES[args.dtype], device="cpu")
+    questions = [p.text for p in get_suite(PROMPT_SUITE)]
     prompts = {}
     for i in range(args.num_requests):
-        q = QUESTIONS[i % len(QUESTIONS)]
+        q = questions[i % len(questions)]
         text = lm.tokenizer.apply_chat_template([{"role": "user", "content": q}])
         prompts[f"r{i}"] = list(lm.tokenizer.encode(text, add_special_tokens=False))
     params = SamplingParams(max_tokens=args.max_tokens)

@@ -1,0 +1,231 @@
+"""The run of ``specserve perf``: CPU decode speed of specserve (each weight format, plain /
+speculative / fused), transformers (plain, assisted) and llama.cpp (plain, prompt lookup) on
+the same prompts, plus memory bandwidth, achieved bandwidth, peak memory and quantisation
+quality. The prompts are the registry suite ``perf`` (specserve.bench.suites).
+
+All arms run in one invocation on the same machine; ratios are taken inside the run. Arms
+that cannot run (llama_cpp missing, transformers missing) are printed with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.bench.suites import UnknownSuiteError, get_prompts
+from specserve.perf.arms import (
+    ArmResult,
+    hf_from_decoder,
+    measure_bandwidth_gbs,
+    run_llamacpp,
+    run_specserve_fused,
+    run_specserve_plain,
+    run_specserve_spec,
+    run_transformers,
+)
+from specserve.perf.options import PROMPT_SUITE
+from specserve.perf.report import (
+    HELD_OUT_TEXT,
+    mean_log_likelihood,
+    print_quality,
+    print_table,
+    quality_vs,
+)
+from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.factory import make_proposer
+
+logger = logging.getLogger(__name__)
+
+
+def chat_prompt_ids(lm: Any, message: str) -> list[int]:
+    """Token ids of ``message`` as one user turn in ``lm``'s chat template."""
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": message}])
+    return list(lm.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the arms of ``args`` (flags: :func:`specserve.perf.options.add_arguments`)."""
+    from specserve.loading import CATALOG
+    from specserve.loading.quant_cache import load_model_with_weights
+    from specserve.loading.transport import fetch
+    from specserve.models.fast_path import FastPathOptions, optimize_for_decode
+    from specserve.spec_decode.k_controller import KController
+
+    formats = [w for w in args.weights.split(",") if w]
+    names = [n for n in args.prompts.split(",") if n]
+    arms_wanted = set(args.arms.split(","))
+    try:
+        chosen = get_prompts(PROMPT_SUITE, names)
+    except UnknownSuiteError as e:
+        print(e, file=sys.stderr)
+        return 2
+    threads = args.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    fast = FastPathOptions(
+        compile=args.compile, invariant_context_bucket=args.context_bucket or None
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    if args.profile:
+        from specserve.perf.profile import profile_decode
+
+        for fmt in formats:
+            lm = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
+            profile_decode(lm.model, f"{args.target} {fmt}", compile=args.compile)
+            del lm
+        return 0
+
+    # Read bandwidth varies with the host's load over minutes: read it before, between and
+    # after the arms and take the best as the limit (the share of it is then conservative).
+    bandwidth = [measure_bandwidth_gbs()]
+    results = _ProgressList()
+    plain_by_fmt: dict[str, ArmResult] = {}
+    prompts: list[list[int]] = []
+    eos: tuple[int, ...] = ()
+    hf_pair = None
+    loglik: dict[str, float] = {}
+    for i, fmt in enumerate(formats):
+        t0 = time.perf_counter()
+        target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
+        draft = load_model_with_weights(args.draft, fmt)  # type: ignore[arg-type]
+        load_s = time.perf_counter() - t0
+        optimize_for_decode(target.model, fast)
+        optimize_for_decode(draft.model, fast)
+        if not prompts:
+            prompts = [chat_prompt_ids(target, p.text) for p in chosen]
+            eos = tuple(target.tokenizer.eos_token_ids)
+        tm, dm = target.model, draft.model
+        plain = run_specserve_plain(f"specserve {fmt} plain", tm, prompts, params, eos)
+        plain_by_fmt[fmt] = plain
+        results.append(plain)
+        text_ids = target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False)
+        loglik[fmt] = mean_log_likelihood(tm, list(text_ids))
+        if i == 0:
+            print(
+                f"peak RSS after loading target+draft ({fmt}) and decoding: "
+                f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
+            )
+        if "draft" in arms_wanted:
+
+            def factory(dm=dm, tm=tm):  # type: ignore[no-untyped-def]
+                return make_proposer("draft", tm.cfg.vocab_size, dm, max_model_len=4096)
+
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} draft k={args.k}", tm, factory, args.k, prompts, params, eos
+                )
+            )
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} draft k=adaptive",
+                    tm,
+                    factory,
+                    lambda: KController(8),
+                    prompts,
+                    params,
+                    eos,
+                )
+            )
+        if "ngram" in arms_wanted:
+            results.append(
+                run_specserve_spec(
+                    f"specserve {fmt} ngram k=adaptive",
+                    tm,
+                    lambda tm=tm: make_proposer("ngram", tm.cfg.vocab_size),
+                    lambda: KController(8),
+                    prompts,
+                    params,
+                    eos,
+                )
+            )
+        if "fused" in arms_wanted:
+            results.append(
+                run_specserve_fused(
+                    f"specserve {fmt} fused draft k={args.k}", tm, dm, args.k, prompts, params, eos
+                )
+            )
+        if fmt == "bf16" and "transformers" in arms_wanted:
+            hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
+            results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+        del target, draft, tm, dm
+    if "transformers" in arms_wanted and hf_pair is None:
+        results.append(ArmResult("transformers", error="needs bf16 in --weights"))
+    # After the models: the 1 GiB buffer must not count in the peak RSS printed above.
+    bandwidth.append(measure_bandwidth_gbs())
+    if "llamacpp" in arms_wanted:
+        gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
+        results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
+        bandwidth.append(measure_bandwidth_gbs())
+    from specserve.models.native import huge_pages
+
+    bw = max(bandwidth)
+    pages = "huge pages" if huge_pages.available() else "4 KiB pages"
+    print(
+        f"memory read bandwidth: {bw:.1f} GB/s, the best of {len(bandwidth)} readings "
+        f"({', '.join(f'{b:.1f}' for b in bandwidth)}: before loading, after the specserve arms"
+        f"{', after llama.cpp' if len(bandwidth) > 2 else ''}; each the best of 5 sums over "
+        f"1 GiB in {pages}); threads {threads}"
+    )
+
+    print_table(results, names, [p.category for p in chosen], bw, plain_by_fmt)
+    if "bf16" in plain_by_fmt:
+        print_quality(quality_vs(plain_by_fmt, "bf16"), results)
+    print(
+        "mean log-likelihood per token of the held-out text: "
+        + ", ".join(
+            f"{f} {v:.4f}" + (f" (Δ {v - loglik['bf16']:+.4f})" if "bf16" in loglik else "")
+            for f, v in loglik.items()
+        )
+    )
+    return 0
+
+
+class _ProgressList(list[ArmResult]):
+    """The result rows; each row is also printed to stderr as soon as it is measured, so a
+    run cut short still leaves its numbers."""
+
+    def append(self, arm: ArmResult) -> None:
+        super().append(arm)
+        speeds = ", ".join(f"{arm.tok_per_s(i):.2f}" for i in range(len(arm.token_ids)))
+        print(f"measured {arm.name}: tok/s {speeds} {arm.error or ''}", file=sys.stderr, flush=True)
+
+    def __iadd__(self, arms):  # type: ignore[no-untyped-def,override,misc]
+        for arm in arms:
+            self.append(arm)
+        return self
+
+
+def _transformers_arms(hf_pair, prompts, max_tokens, eos) -> list[ArmResult]:  # type: ignore[no-untyped-def]
+    try:
+        return [
+            run_transformers("transformers bf16 plain", hf_pair[0], prompts, max_tokens, eos),
+            run_transformers(
+                "transformers bf16 assisted",
+                hf_pair[0],
+                prompts,
+                max_tokens,
+                eos,
+                assistant=hf_pair[1],
+            ),
+            run_transformers(
+                "transformers bf16 prompt-lookup",
+                hf_pair[0],
+                prompts,
+                max_tokens,
+                eos,
+                prompt_lookup=4,
+            ),
+        ]
+    except Exception as e:  # report the arm's failure in the table rather than abort the run
+        logger.exception("transformers arm failed")
+        return [ArmResult("transformers", error=f"{type(e).__name__}: {e}")]

@@ -1,0 +1,51 @@
+"""The flags of ``specserve perf`` (no torch here: the CLI builds every parser at start-up)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from specserve.bench.suites import get_suite
+
+PROMPT_SUITE = "perf"
+"""The registry suite whose prompt ids ``--prompts`` names (specserve.bench.suites)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``specserve perf`` flags to ``p``."""
+    prompt_ids = [prompt.id for prompt in get_suite(PROMPT_SUITE)]
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument(
+        "--weights",
+        default="bf16,int8,int4",
+        help="comma list of specserve weight formats (fp32, bf16, int8, int4)",
+    )
+    p.add_argument("--prompts", default="palindrome,cat", help=f"comma list of {prompt_ids}")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--k", type=int, default=4, help="draft length of fixed-k arms")
+    p.add_argument(
+        "--arms",
+        default="plain,draft,ngram,fused,transformers,llamacpp",
+        help="which arm groups to run",
+    )
+    p.add_argument(
+        "--llama-python",
+        default=os.environ.get("SPECSERVE_LLAMA_PYTHON", sys.executable),
+        help="interpreter with llama_cpp (env SPECSERVE_LLAMA_PYTHON)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch/llama.cpp threads")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decoders")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="only profile one decode step of the target per format (eager, RoPE tables, "
+        "compiled) and exit",
+    )
+    p.add_argument(
+        "--context-bucket",
+        type=int,
+        default=128,
+        help="attention context bucket making verify == decode (0: off)",
+    )

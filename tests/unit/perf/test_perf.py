@@ -1,0 +1,124 @@
+"""Pieces of ``specserve perf``: a missing llama_cpp is reported (not skipped), bytes per
+token, quality measures, the prompts, the CLI registration, and the batching benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specserve.cli import build_parser, main
+from specserve.commands import perf as perf_command
+from specserve.models.quant.quantize import quantize_model
+from specserve.perf import arms, engine_batching
+from specserve.perf import main as perf_main
+from specserve.perf.arms import ArmResult, decode_bytes_per_token, run_llamacpp
+from specserve.perf.report import (
+    common_prefix_fraction,
+    mean_log_likelihood,
+    quality_vs,
+)
+from tests.conftest import make_tiny_model
+
+
+def test_missing_llama_cpp_is_reported(tmp_path: Path) -> None:
+    gguf = tmp_path / "model-q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    python = sys.executable  # the project venv has no llama_cpp
+    arms = run_llamacpp(python, gguf, [[1, 2, 3]], 4, (0,), 1)
+    assert len(arms) == 2
+    for arm in arms:
+        assert arm.error is not None and "llama_cpp" in arm.error
+
+
+def test_bytes_per_token_counts_weights_not_the_embedding_table() -> None:
+    model = make_tiny_model("qwen2", hidden_size=64, intermediate_size=128)  # tied head
+    v, h = model.cfg.vocab_size, model.cfg.hidden_size
+    fp32 = decode_bytes_per_token(model)
+    assert fp32 >= v * h * 4  # the tied table is read as the LM head
+    q4 = decode_bytes_per_token(quantize_model(model.to(torch.bfloat16), "int4", 32))
+    assert q4 < fp32 / 5
+
+
+def test_quality_measures() -> None:
+    assert common_prefix_fraction([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert common_prefix_fraction([1, 2], [1, 2]) == 1.0
+    ref = ArmResult("specserve bf16 plain", token_ids=[[1, 2, 3], [4, 5]])
+    q4 = ArmResult("specserve int4 plain", token_ids=[[1, 2, 7], [4, 5]])
+    (q,) = quality_vs({"bf16": ref, "int4": q4}, "bf16")
+    assert q.fmt == "int4" and q.exact_match == 0.5
+    assert abs(q.prefix_fraction - (2 / 3 + 1) / 2) < 1e-9
+    ll = mean_log_likelihood(make_tiny_model("llama"), [5, 6, 7, 8, 9])
+    assert ll < 0 and ll == ll
+
+
+def test_perf_command_is_registered() -> None:
+    args = build_parser().parse_args(["perf", "--weights", "int4", "--profile"])
+    assert args.weights == "int4" and args.profile and args.context_bucket == 128
+
+
+def test_perf_flags_are_unchanged() -> None:
+    args = build_parser().parse_args(["perf"])
+    assert args.func is perf_command.run
+    assert (args.target, args.draft) == (
+        "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct",
+    )
+    assert (args.weights, args.prompts, args.max_tokens, args.k) == (
+        "bf16,int8,int4",
+        "palindrome,cat",
+        96,
+        4,
+    )
+    assert args.arms == "plain,draft,ngram,fused,transformers,llamacpp"
+    assert args.threads is None and not args.compile and not args.profile
+
+
+def test_the_command_module_is_thin() -> None:
+    # commands/perf.py registers and dispatches; the run lives in specserve.perf.main.
+    tree = ast.parse(Path(perf_command.__file__).read_text())
+    top_level = {
+        node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    }
+    assert top_level == {"__future__", "argparse", "specserve.perf.options"}
+    assert [f.name for f in tree.body if isinstance(f, ast.FunctionDef)] == ["register", "run"]
+
+
+def test_unknown_prompt_is_refused_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["perf", "--prompts", "palindrome,nope", "--weights", "int4"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err and "palindrome" in err and "fizzbuzz" in err
+
+
+def test_chat_prompt_ids_wraps_the_message_in_the_chat_template() -> None:
+    class Tokenizer:
+        def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+            return f"<user>{messages[0]['content']}</user>"
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            assert not add_special_tokens
+            return [ord(c) for c in text]
+
+    lm = argparse.Namespace(tokenizer=Tokenizer())
+    assert perf_main.chat_prompt_ids(lm, "hi") == [ord(c) for c in "<user>hi</user>"]
+
+
+def test_llamacpp_worker_is_next_to_the_arms() -> None:
+    assert (Path(arms.__file__).parent / "llamacpp_worker.py").is_file()
+
+
+def test_engine_batching_is_its_own_module() -> None:
+    # Its result class has a name of its own (not perf.arms.ArmResult) and its prompts come
+    # from the registry suite it names.
+    assert engine_batching.BatchingArmResult is not ArmResult
+    assert not hasattr(engine_batching, "ArmResult")
+    assert "python -m specserve.perf.engine_batching" in (engine_batching.__doc__ or "")
+    with pytest.raises(SystemExit) as e:
+        engine_batching.main(["--help"])
+    assert e.value.code == 0
