@@ -5,7 +5,8 @@ median proposer time and target verify time of the steps where all B requests de
 tokens committed per step and the resulting tokens/s. It shows where speculation stops
 paying as the batch grows (the verify of B × (k + 1) tokens turns compute bound and the
 draft's own batched step gets slower), the measurement behind the serving benchmark's
-``--speculative-disable-by-batch-size``.
+``--speculative-disable-by-batch-size``. Request ``i`` asks prompt ``i`` modulo 8 of the
+registry suite ``brief`` (specserve.bench.suites).
 
     .venv/bin/python benchmarks/batch_cost.py --batch-size 8
 """
@@ -16,21 +17,13 @@ import argparse
 import statistics
 import time
 
+from specserve.bench.suites import get_suite
 from specserve.config import WEIGHT_FORMATS, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.builder import build_engine
 from specserve.engine.outputs import StepStats
 from specserve.sampling_params import SamplingParams
 
-PROMPTS = [
-    "Explain why the sky is blue.",
-    "Count from 1 to 30.",
-    "Write a haiku about the sea.",
-    "What is a hash table?",
-    "Describe a weekend by the sea.",
-    "List five fruits and their colours.",
-    "Explain recursion simply.",
-    "Write a JSON object for a user.",
-]
+PROMPT_SUITE = "brief"
 
 
 def main() -> int:
@@ -42,6 +35,7 @@ def main() -> int:
     ap.add_argument("--ks", default="0,1,2,4", help="comma list of fixed k (0 = plain)")
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args()
+    questions = [p.text for p in get_suite(PROMPT_SUITE)]
     model = ModelConfig(model=args.target, dtype="bfloat16")
     for k in (int(x) for x in args.ks.split(",")):
         spec = (
@@ -61,7 +55,8 @@ def main() -> int:
         tok = engine.tokenizer
         assert tok is not None
         for i in range(args.batch_size):
-            text = tok.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+            question = questions[i % len(questions)]
+            text = tok.apply_chat_template([{"role": "user", "content": question}])
             ids = list(tok.encode(text, add_special_tokens=False))
             engine.add_request(
                 f"r{i}", ids, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)

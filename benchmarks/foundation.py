@@ -29,13 +29,15 @@ from typing import Any
 
 import torch
 
+from specserve.bench.suites import get_prompts
+from specserve.dtypes import FLOAT_WEIGHT_FORMATS
 from specserve.loading import CATALOG, load_model
 from specserve.loading.transport import fetch
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import generate_plain
 
-PROMPT = "Write a Python function that checks whether a string is a palindrome."
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PROMPT = get_prompts("perf", ["palindrome"])[0].text  # the palindrome prompt of specserve perf
+DTYPES = FLOAT_WEIGHT_FORMATS  # fp32, bf16
 
 
 def _hf_load(path: Path, dtype: torch.dtype) -> Any:

@@ -1,8 +1,8 @@
 """Adaptive k vs every fixed k on the same texts: record greedy traces once, replay policies.
 
-A live benchmark (benchmarks/spec.py) compares arms whose bf16 texts can differ after a
-near-tie, so a policy can look better or worse only because it decoded an easier or harder
-text. This command removes that: for each prompt it decodes the target's plain greedy text,
+A live benchmark (benchmarks/speculative_batch1.py) compares arms whose bf16 texts can differ
+after a near-tie, so a policy can look better or worse only because it decoded an easier or
+harder text. This command removes that: for each prompt it decodes the target's plain greedy text,
 then asks the draft, at every position of that text, for its k_max-token greedy draft and
 records how many tokens match (the *run length*). It also measures the step costs (target
 forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
@@ -25,16 +25,17 @@ import statistics
 import time
 from typing import Any
 
-import torch
-from spec import SUITES as PROMPTS  # the same prompts as the live benchmark
-
+from specserve.bench.suites import get_suite
 from specserve.config import WEIGHT_FORMATS
+from specserve.dtypes import torch_dtype
+from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.replay import StepCosts, common_prefix, replay
 
+SUITES = ("mini-structured", "mini-open-ended")  # the live benchmark's registry suites
+
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
-    from specserve.commands.generate import make_proposer
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.loading import load_model
     from specserve.loading.quant_cache import load_in_format
@@ -42,21 +43,22 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     from specserve.spec_decode.plain_loop import generate_plain
     from specserve.spec_decode.proposer import ProposeInput
 
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     target = load_model(args.target, dtype=dtype)
     draft = load_in_format(args.draft, args.draft_weights, dtype).model
     tok = target.tokenizer
     eos = tuple(tok.eos_token_ids)
     params = SamplingParams(max_tokens=args.max_tokens)
-    proposer = make_proposer("draft", target.arch.vocab_size, draft, 2048)
+    proposer = make_proposer("draft", target.arch.vocab_size, draft, max_model_len=2048)
     kmax = args.k_max
 
     traces: dict[str, dict[str, Any]] = {}
     propose_s: dict[int, list[float]] = {1: [], kmax: []}
     for suite in args.suites.split(","):
         traces[suite] = {}
-        for name, prompt in PROMPTS[suite]:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}])
+        for prompt in get_suite(suite):
+            name = prompt.id
+            text = tok.apply_chat_template([{"role": "user", "content": prompt.text}])
             ids = list(tok.encode(text, add_special_tokens=False))
             tokens = generate_plain(target.model, ids, params, eos).token_ids
             rid = f"trace-{name}"
@@ -75,7 +77,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(common_prefix(draft_ids.draft_token_ids, tokens[p + 1 :]))
             proposer.release(rid)
             traces[suite][name] = {"tokens": tokens, "runs": runs}
-            print(f"{suite:10s} {name:10s} n={len(tokens)} runs={runs}", flush=True)
+            print(f"{suite:15s} {name:13s} n={len(tokens)} runs={runs}", flush=True)
 
     # Target forward over t tokens at a realistic context length, t = 1 .. k_max + 1.
     ids = list(tok.encode("def f(x):\n    return x * 2\n" * 12, add_special_tokens=False))
@@ -163,7 +165,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5, help="timed forwards per step size")
-    ap.add_argument("--suites", default=",".join(PROMPTS))
+    ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated registry suites")
     args = ap.parse_args()
     if args.traces:
         with open(args.traces) as f:

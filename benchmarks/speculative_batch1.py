@@ -1,10 +1,11 @@
 """Batch-1 speculative decoding vs plain decoding, side by side in one run.
 
 Loads the target (default Qwen2.5-Coder-1.5B-Instruct) and the draft (0.5B), then for every
-prompt of a structured suite (repeat a line, count, fill a JSON template, a small code edit)
-and an open-ended suite (prose, explanations) runs each *arm* back to back: plain decoding,
-draft-model speculation at fixed k, prompt lookup (n-gram), suffix matching, and the adaptive
-k controller (over the draft model and over n-gram). Prints per prompt and per suite:
+prompt of the registry suites ``mini-structured`` (repeat a line, count, fill a JSON template,
+a small code edit) and ``mini-open-ended`` (prose, explanations) runs each *arm* back to
+back: plain decoding, draft-model speculation at fixed k, prompt lookup (n-gram), suffix
+matching, and the adaptive k controller (over the draft model and over n-gram). Prints per
+prompt and per suite:
 
 - TPOT (decode time per output token after the first) and the speedup TPOT_plain / TPOT_arm
   (per suite: the geometric mean over its prompts),
@@ -14,7 +15,7 @@ k controller (over the draft model and over n-gram). Prints per prompt and per s
 
 Heavy (loads two models, ~10-15 minutes on 2 cores): run it alone on the machine, e.g.
 
-    flock "$LOCKFILE" .venv/bin/python benchmarks/spec.py --output spec_bench.json
+    flock "$LOCKFILE" .venv/bin/python benchmarks/speculative_batch1.py --output spec_bench.json
 """
 
 from __future__ import annotations
@@ -28,43 +29,21 @@ from typing import Any
 
 import torch
 
-from specserve.commands.generate import make_proposer
+from specserve.bench.suites import get_suite
 from specserve.config import WEIGHT_FORMATS
+from specserve.dtypes import torch_dtype
 from specserve.loading import load_model
 from specserve.loading.quant_cache import load_in_format
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import check_vocab_compatible
+from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
 from specserve.spec_decode.proposer import Proposer
 from specserve.spec_decode.speculative_loop import SpecGenerationResult, generate_speculative
 from specserve.spec_decode.stats import SpecDecodingStats
 
-SUITES: dict[str, list[tuple[str, str]]] = {
-    "structured": [
-        ("repeat", "Repeat the following line 6 times, one per line: the cat sat on the mat."),
-        ("count", "Count from 1 to 24, separated by commas. Output only the numbers."),
-        (
-            "json",
-            "Fill in this JSON template for 3 users (ids 1-3, names Ann, Bob, Cid). Output "
-            'only JSON.\n[{"id": 0, "name": "", "active": true, "role": "user"}]',
-        ),
-        (
-            "code-edit",
-            "Rename the variable `x` to `count` and output the whole code, nothing else:\n"
-            "```python\ndef positives(items):\n    x = 0\n    for item in items:\n"
-            "        if item > 0:\n            x += 1\n    return x\n```",
-        ),
-    ],
-    "open-ended": [
-        ("sky", "Explain in a short paragraph why the sky is blue."),
-        ("hash-table", "What is a hash table? Explain it to a beginner."),
-        ("weekend", "Write a few sentences about a relaxing weekend by the sea."),
-        ("recursion", "Explain recursion to a new programmer, with a small example."),
-        ("review", "What makes a code review useful? Give a few points."),
-        ("coffee", "Describe the smell of a coffee shop in the morning."),
-    ],
-}
+SUITES = ("mini-structured", "mini-open-ended")  # registry suites (specserve.bench.suites)
 
 ARMS = [
     "plain",
@@ -118,12 +97,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
-    ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
+    ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated registry suites")
     ap.add_argument("--output", default=None, help="write all results as JSON here")
     args = ap.parse_args()
     arms = args.arms.split(",")
     assert arms[0] == "plain", "the first arm must be plain (speedups are relative to it)"
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     torch.manual_seed(0)
 
     t0 = time.perf_counter()
@@ -149,7 +128,9 @@ def main() -> int:
     for arm in arms[1:]:
         method, k = parse_arm(arm)
         if method not in proposers:
-            proposers[method] = make_proposer(method, target.arch.vocab_size, draft, max_len)
+            proposers[method] = make_proposer(
+                method, target.arch.vocab_size, draft, max_model_len=max_len
+            )
         if k is None:
             controllers[arm] = KController(args.k_max)  # learns across prompts, like a server
 
@@ -170,8 +151,10 @@ def main() -> int:
     results: dict[str, dict[str, dict[str, Run]]] = {}
     for suite in args.suites.split(","):
         results[suite] = {}
-        for name, prompt in SUITES[suite]:
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}])
+        suite_prompts = get_suite(suite)
+        for prompt in suite_prompts:
+            name = prompt.id
+            text = tok.apply_chat_template([{"role": "user", "content": prompt.text}])
             ids = list(tok.encode(text, add_special_tokens=False))
             runs: dict[str, Run] = {}
             for arm in arms:
@@ -194,14 +177,14 @@ def main() -> int:
                 r = runs[arm]
                 speedup = runs["plain"].tpot_s / r.tpot_s
                 print(
-                    f"{suite:10s} {name:10s} {arm:10s} n={len(r.tokens):3d} "
+                    f"{suite:15s} {name:13s} {arm:10s} n={len(r.tokens):3d} "
                     f"tpot={r.tpot_s * 1000:7.1f} ms speedup={speedup:5.2f}x "
                     f"acc={r.stats.acceptance_rate:.2f} len={r.stats.mean_acceptance_length:.2f} "
                     f"k={r.mean_k:.1f} exact={r.tokens == runs['plain'].tokens}",
                     flush=True,
                 )
             results[suite][name] = runs
-            if name == SUITES[suite][0][0]:
+            if name == suite_prompts[0].id:
                 print(f"  sample output ({name}): {tok.decode(runs['plain'].tokens)[:160]!r}")
 
     summary = summarize(results, arms)
