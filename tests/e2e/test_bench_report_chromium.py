@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specserve.bench.compare import compare
-from specserve.bench.inputs import BenchSpec, ClosedLoop, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, WorkloadConfig
 from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.bench.runner import run_ab
 from specserve.report.html import write_report
@@ -66,13 +66,13 @@ def test_report_renders_all_plots(tmp_path: Path) -> None:
     ):
         for c in (1, 2):
             specs = [
-                BenchSpec(
+                BenchConfig(
                     base_url=f"http://127.0.0.1:{s.port}",
                     model="m",
                     label=label,
                     num_requests=6,
                     load=ClosedLoop(concurrency=c),
-                    workload=WorkloadSpec(suites=("structured",), categories=("repeat", "json")),
+                    workload=WorkloadConfig(suites=("structured",), categories=("repeat", "json")),
                 )
                 for label, s in (("baseline", a), ("candidate", b))
             ]

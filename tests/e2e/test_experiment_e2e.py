@@ -17,7 +17,8 @@ import yaml
 
 from specserve.experiment.config import load_config
 from specserve.experiment.runner import run_experiment
-from specserve.server.launcher import ServerDiedError, free_port, port_in_use
+from specserve.net import free_port, port_in_use
+from specserve.server.launcher import ServerDiedError
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specserve.server.launcher import ServerProcess, free_port
+from specserve.net import free_port
+from specserve.server.launcher import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -15,26 +15,27 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from specserve.bench.inputs import BenchSpec, ClosedLoop, OpenLoop, SamplingSpec, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, OpenLoop, SamplingConfig, WorkloadConfig
 from specserve.bench.mock_server import MockConfig, serve_in_thread, token_text
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_ab, run_benchmark, run_sweep
-from specserve.bench.selfcheck import free_port, start_mock
+from specserve.bench.selfcheck import start_mock
+from specserve.net import free_port
 
 NOISE_MS = 60.0  # allowed scheduling delay on a loaded 2-core machine
 
 
-def spec(url: str, **kw: object) -> BenchSpec:
+def spec(url: str, **kw: object) -> BenchConfig:
     base: dict = dict(
         base_url=url,
         model="mock-model",
         num_requests=6,
-        workload=WorkloadSpec(suites=("structured",)),
+        workload=WorkloadConfig(suites=("structured",)),
         load=ClosedLoop(concurrency=2),
-        sampling=SamplingSpec(max_tokens=64),
+        sampling=SamplingConfig(max_tokens=64),
     )
-    return BenchSpec(**(base | kw))
+    return BenchConfig(**(base | kw))
 
 
 @pytest.fixture
@@ -116,7 +117,7 @@ def test_split_frames_and_empty_chunks_and_usage_only_chunk() -> None:
 def _prompt_of(r: RequestRecord) -> str:
     from specserve.bench.workloads import load_workload
 
-    prompts = {p.id: p.text for p in load_workload(WorkloadSpec(suites=("structured",)))}
+    prompts = {p.id: p.text for p in load_workload(WorkloadConfig(suites=("structured",)))}
     return prompts[r.prompt_id]
 
 
@@ -153,7 +154,7 @@ def test_no_usage_but_length_finish_gives_exact_n() -> None:
         )
     ) as server:
         result = run_benchmark(
-            spec(f"http://127.0.0.1:{server.port}", sampling=SamplingSpec(max_tokens=10))
+            spec(f"http://127.0.0.1:{server.port}", sampling=SamplingConfig(max_tokens=10))
         )
     for r in ok_records(result):
         assert r.finish_reason == "length" and r.num_tokens == 10 and not r.tokens_estimated
@@ -316,7 +317,9 @@ def test_ab_alternates_arms_in_abba_batches() -> None:
     assert all(x[1] <= y[0] for x, y in itertools.pairwise(spans))  # never overlap
     assert [r.prompt_id for r in base.measured()] == [r.prompt_id for r in cand.measured()]
     with pytest.raises(ValueError, match="differ in sampling"):
-        run_ab([specs[0], specs[1].model_copy(update={"sampling": SamplingSpec(max_tokens=3)})], 2)
+        run_ab(
+            [specs[0], specs[1].model_copy(update={"sampling": SamplingConfig(max_tokens=3)})], 2
+        )
 
 
 def test_sweep() -> None:

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from specserve.config import CacheConfig, SchedulerConfig
-from specserve.engine.async_engine import AsyncEngine, EngineShutdownError
+from specserve.engine.async_engine import AsyncEngine
+from specserve.engine.errors import EngineShutdownError, QueueFullError
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
-from specserve.engine.request import QueueFullError
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,10 @@ import time
 import httpx
 import numpy as np
 
-from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, SamplingConfig, WorkloadConfig
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_benchmark
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from specserve.net import free_port
 
 
 def start_mock(args: list[str], port: int) -> subprocess.Popen:
@@ -84,13 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         port,
     )
     try:
-        spec = BenchSpec(
+        spec = BenchConfig(
             base_url=f"http://127.0.0.1:{port}",
             model="mock-model",
             endpoint="completions",
-            workload=WorkloadSpec(suites=("structured",)),
+            workload=WorkloadConfig(suites=("structured",)),
             load=ClosedLoop(concurrency=a.concurrency),
-            sampling=SamplingSpec(max_tokens=a.output_tokens),
+            sampling=SamplingConfig(max_tokens=a.output_tokens),
             duration_s=a.duration,
             warmup_requests=a.concurrency,
             metrics_url="none",

@@ -9,17 +9,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from specserve.bench.compare import compare
-from specserve.bench.inputs import (
-    BenchSpec,
+from specserve.bench import (
+    BenchConfig,
+    BenchResult,
     ClosedLoop,
-    LlmperfSpec,
+    LlmperfConfig,
     OpenLoop,
-    SamplingSpec,
-    WorkloadSpec,
+    SamplingConfig,
+    WorkloadConfig,
+    compare,
+    run_ab,
+    save_result,
 )
-from specserve.bench.results import BenchResult, save_result
-from specserve.bench.runner import run_ab
 from specserve.report.html import write_report
 from specserve.report.markdown import md_table
 from specserve.report.tables import RUN_HEADER, run_rows
@@ -107,9 +108,9 @@ def _arms(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     return [(args.label, args.base_url, args.model)]
 
 
-def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
+def build_bench_configs(args: argparse.Namespace) -> list[list[BenchConfig]]:
     """One list of arm specs per load point."""
-    workload = WorkloadSpec(
+    workload = WorkloadConfig(
         suites=tuple(
             s.strip()
             for arg in (args.suite or ["structured,open-ended"])
@@ -117,7 +118,7 @@ def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
             if s.strip()
         ),
         categories=tuple(args.categories.split(",")) if args.categories else None,
-        llmperf=LlmperfSpec(
+        llmperf=LlmperfConfig(
             mean_input_tokens=args.llmperf_input_tokens,
             stddev_input_tokens=args.llmperf_input_stddev,
             mean_output_tokens=args.llmperf_output_tokens,
@@ -125,7 +126,7 @@ def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
             lines_file=args.llmperf_lines_file,
         ),
     )
-    sampling = SamplingSpec(
+    sampling = SamplingConfig(
         max_tokens=args.max_tokens,
         min_tokens=args.min_tokens,
         ignore_eos=args.ignore_eos,
@@ -151,7 +152,7 @@ def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
         num_requests = 32
     return [
         [
-            BenchSpec(
+            BenchConfig(
                 base_url=url,
                 model=model,
                 label=label,
@@ -176,7 +177,7 @@ def build_specs(args: argparse.Namespace) -> list[list[BenchSpec]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        load_points = build_specs(args)
+        load_points = build_bench_configs(args)
     except (ValueError, ValidationError) as e:
         print(f"specserve bench: error: {e}", file=sys.stderr)
         return 2

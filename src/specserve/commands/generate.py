@@ -10,21 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from specserve.commands.serve import add_weight_format_args, parse_k
 from specserve.config import SpecConfig
+from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
-from specserve.spec_decode.draft_model import DraftModelProposer, check_vocab_compatible
-from specserve.spec_decode.hybrid import HybridProposer
+from specserve.spec_decode.draft_model import check_vocab_compatible
+from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
-from specserve.spec_decode.ngram import NgramProposer
 from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
-from specserve.spec_decode.proposer import Proposer
 from specserve.spec_decode.speculative_loop import SpecGenerationResult, generate_speculative
-from specserve.spec_decode.suffix import SuffixProposer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 K_MAX_DEFAULT = 8
 
 
@@ -42,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept")
     p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0 = all)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     add_weight_format_args(
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
@@ -60,32 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k-max", type=int, default=K_MAX_DEFAULT, help="largest adaptive k")
     p.add_argument("--compare-plain", action="store_true", help="also run plain decoding")
     p.set_defaults(func=run)
-
-
-def make_proposer(
-    method: str,
-    target_vocab_size: int,
-    draft_model: torch.nn.Module | None = None,
-    max_model_len: int = 4096,
-    ngram_min: int = 2,
-    ngram_max: int = 4,
-) -> Proposer:
-    """The batch-1 proposer for a method name (``draft`` needs the draft decoder)."""
-    if method == "ngram":
-        return NgramProposer(ngram_min, ngram_max)
-    if method == "suffix":
-        return SuffixProposer()
-    if method in ("draft", "hybrid"):
-        if draft_model is None:
-            raise ValueError(f"method {method!r} needs a draft model")
-        draft = DraftModelProposer(
-            draft_model,  # type: ignore[arg-type]
-            target_vocab_size,
-            max_num_seqs=1,
-            max_model_len=max_model_len,
-        )
-        return draft if method == "draft" else HybridProposer(SuffixProposer(), draft)
-    raise ValueError(f"unknown speculative method {method!r}")
 
 
 def _report(label: str, res: GenerationResult) -> None:
@@ -123,15 +92,14 @@ def run(args: argparse.Namespace) -> int:
             k_max=max(args.k_max, args.num_speculative_tokens or 1),
             draft_weights=args.draft_weights,
         )
-        dtype = DTYPES[args.dtype]
+        dtype = torch_dtype(args.dtype)
         target = load_in_format(args.model, args.weights, dtype)
         tok = target.tokenizer
-        text = (
-            tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+        prompt_ids = (
+            tok.encode_chat([{"role": "user", "content": args.prompt}])
             if args.chat
-            else args.prompt
+            else tok.encode(args.prompt)
         )
-        prompt_ids = list(tok.encode(text, add_special_tokens=not args.chat))
         eos = tuple(tok.eos_token_ids)
         proposer = None
         if spec.enabled:
@@ -147,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
                 draft = draft_lm.model
             max_len = len(prompt_ids) + params.max_tokens + spec.k_max + 1
             proposer = make_proposer(
-                spec.method, target.arch.vocab_size, draft, max_len, spec.ngram_min, spec.ngram_max
+                spec.method,
+                target.arch.vocab_size,
+                draft,
+                max_model_len=max_len,
+                ngram_min=spec.ngram_min,
+                ngram_max=spec.ngram_max,
             )
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -16,22 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from specserve.config import EngineConfig
+from specserve.engine.builder import build_engine
+from specserve.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestOutput
-from specserve.engine.request import QueueFullError
 from specserve.models.arch import ArchConfig
-from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class EngineShutdownError(RuntimeError):
-    """The engine is shutting down and accepts no new requests (HTTP 503)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The step loop failed; the engine serves nothing more (HTTP 503)."""
 
 
 @dataclass
@@ -88,25 +80,8 @@ class AsyncEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
         """Load the target (and the draft, for method ``draft``) and build the engine."""
-        from specserve.engine.builder import build_engine
-
         engine = build_engine(config)
         return cls(engine)
-
-    @classmethod
-    def from_models(
-        cls,
-        config: EngineConfig,
-        target: DecoderLM,
-        tokenizer: Any = None,
-        draft: DecoderLM | None = None,
-        model_name: str | None = None,
-    ) -> AsyncEngine:
-        """Build around already-loaded models (tests, benchmarks); ``config.model`` supplies
-        only the name and ``max_model_len``."""
-        from specserve.engine.builder import build_engine_from_models
-
-        return cls(build_engine_from_models(config, target, tokenizer, draft, model_name))
 
     # --- client side (event loop) ------------------------------------------------------------
 

@@ -8,14 +8,17 @@ import logging
 import torch
 
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
+from specserve.dtypes import torch_dtype
 from specserve.engine.llm_engine import LLMEngine
+from specserve.loading.quant_cache import load_in_format
 from specserve.models.decoder import DecoderLM
+from specserve.models.layer_drop import keep_first_layers
+from specserve.spec_decode.draft_model import check_vocab_compatible
+from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_spec(
@@ -30,42 +33,23 @@ def build_spec(
     """The proposer and k controller for ``spec`` (both None when speculation is off).
 
     Raises:
-        ValueError: method ``draft`` without a draft model.
+        ValueError: a draft-model method without a draft model.
     """
     if not spec.enabled:
         return None, None
     fixed_k = spec.num_speculative_tokens
     k_max = max(spec.k_max, fixed_k or 0)
     controller = KController(k_max, fixed_k=fixed_k)
-    proposer: Proposer
-    if spec.method == "ngram":
-        from specserve.spec_decode.ngram import NgramProposer
-
-        proposer = NgramProposer(spec.ngram_min, spec.ngram_max)
-    elif spec.method == "suffix":
-        from specserve.spec_decode.suffix import SuffixProposer
-
-        proposer = SuffixProposer()
-    elif spec.uses_draft_model:
-        if draft is None:
-            raise ValueError(f"speculative method {spec.method!r} needs a draft model")
-        from specserve.spec_decode.draft_model import DraftModelProposer
-
-        draft_proposer = DraftModelProposer(
-            draft,
-            target.cfg.vocab_size,
-            max_num_seqs=(scheduler or SchedulerConfig()).max_num_seqs,
-            max_model_len=max_model_len + k_max + 1,
-            block_size=block_size,
-        )
-        proposer = draft_proposer
-        if spec.method == "hybrid":
-            from specserve.spec_decode.hybrid import HybridProposer
-            from specserve.spec_decode.suffix import SuffixProposer
-
-            proposer = HybridProposer(SuffixProposer(), draft_proposer)
-    else:  # pragma: no cover - SpecConfig validates the method
-        raise ValueError(f"unknown speculative method {spec.method!r}")
+    proposer = make_proposer(
+        spec.method,
+        target.cfg.vocab_size,
+        draft,
+        max_model_len=max_model_len + k_max + 1,
+        ngram_min=spec.ngram_min,
+        ngram_max=spec.ngram_max,
+        max_num_seqs=(scheduler or SchedulerConfig()).max_num_seqs,
+        block_size=block_size,
+    )
     return proposer, controller
 
 
@@ -104,17 +88,13 @@ def build_engine_from_models(
 
 def build_engine(config: EngineConfig) -> LLMEngine:
     """Load the models named in ``config`` (``specserve.loading.load_model``) and build."""
-    from specserve.loading.quant_cache import load_in_format
-
-    dtype, device = DTYPES[config.model.dtype], config.model.device
+    dtype, device = torch_dtype(config.model.dtype), config.model.device
     target = load_in_format(config.model.model, config.model.weights, dtype, device)
     draft = None
     if config.spec.uses_draft_model and config.spec.enabled:
         assert config.spec.draft_model is not None
         draft_weights = config.spec.draft_weights or config.model.weights
         draft_lm = load_in_format(config.spec.draft_model, draft_weights, dtype, device)
-        from specserve.spec_decode.draft_model import check_vocab_compatible
-
         check_vocab_compatible(
             target.arch.vocab_size,
             draft_lm.arch.vocab_size,
@@ -123,8 +103,6 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         )
         draft = draft_lm.model
         if config.spec.draft_num_layers is not None:
-            from specserve.models.layer_drop import keep_first_layers
-
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
     logger.info("loaded %s (%s, %s)", config.model.model, config.model.dtype, config.model.device)
     return build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)

@@ -9,18 +9,12 @@ could be the beginning of a stop string is held back until the next tokens decid
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
+from specserve.loading.tokenizer import Tokenizer
 from specserve.sampling.stop import find_stop_string
 
 # Prompt tokens decoded as left context for the first output tokens.
 _CONTEXT_TOKENS = 5
-
-
-class Tokenizer(Protocol):
-    """What the engine needs from a tokenizer."""
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:

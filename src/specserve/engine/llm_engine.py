@@ -24,19 +24,21 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specserve.config import CacheConfig, SchedulerConfig, SpecConfig
-from specserve.engine.detokenizer import IncrementalDetokenizer, Tokenizer
+from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.model_runner import ForwardRow, ModelRunner
 from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSummary, StepStats
 from specserve.engine.request import Request
-from specserve.engine.scheduler import KControl, ScheduledRequest, Scheduler
+from specserve.engine.scheduler import ScheduledRequest, Scheduler
 from specserve.engine.stats_tracker import StatsTracker
 from specserve.engine.token_sampling import sample_new_tokens
 from specserve.kv_cache.kv_manager import KVCacheManager
 from specserve.kv_cache.sizing import num_blocks_for
+from specserve.loading.tokenizer import Tokenizer
 from specserve.models.decoder import DecoderLM
 from specserve.sampling.sampler import make_generator
 from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class LLMEngine:
         scheduler: SchedulerConfig | None = None,
         spec: SpecConfig | None = None,
         proposer: Proposer | None = None,
-        k_controller: KControl | None = None,
+        k_controller: KController | None = None,
         model_name: str = "model",
         max_model_len: int | None = None,
     ) -> None:

@@ -20,10 +20,6 @@ from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.stats import SpecDecodingStats
 
 
-class QueueFullError(RuntimeError):
-    """The waiting queue is at its bound; the request was not admitted (HTTP 429)."""
-
-
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # not yet admitted, or preempted and waiting to be recomputed
     RUNNING = "running"
@@ -85,10 +81,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - len(self.prompt_token_ids)
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def is_decoding(self) -> bool:

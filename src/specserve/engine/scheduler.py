@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import QueueFullError, Request, RequestStatus
+from specserve.engine.errors import QueueFullError
+from specserve.engine.request import Request, RequestStatus
 from specserve.kv_cache.kv_manager import KVCacheManager
 
 
@@ -31,24 +32,6 @@ class KChooser(Protocol):
     """Picks the draft length of one decoding request (see ``spec_decode/k_controller.py``)."""
 
     def choose_k(self, request_id: str, batch_size: int) -> int: ...
-
-
-class KControl(KChooser, Protocol):
-    """What the engine needs from ``spec_decode/k_controller.py``: choose k (load-aware: it sees the
-    batch size), learn acceptance, learn measured step costs, forget finished requests."""
-
-    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None: ...
-
-    def record_cost(
-        self,
-        draft_s: float,
-        num_draft_steps: int,
-        verify_s: float,
-        num_verified_tokens: int,
-        batch_size: int = 1,
-    ) -> None: ...
-
-    def release(self, request_id: str) -> None: ...
 
 
 @dataclass

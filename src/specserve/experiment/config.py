@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.bench.inputs import LlmperfSpec
+from specserve.bench.inputs import LlmperfConfig
 from specserve.config import WeightFormat
 from specserve.yaml_config import load_yaml_model
 
@@ -26,7 +26,7 @@ class ExperimentConfigError(ValueError):
     """The experiment config is missing, unreadable or invalid (message lists every problem)."""
 
 
-class ServersSpec(BaseModel):
+class ServersConfig(BaseModel):
     """Two specserve servers started as subprocesses on free loopback ports."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,7 +74,7 @@ class ServersSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> ServersSpec:
+    def _check(self) -> ServersConfig:
         k = self.num_speculative_tokens
         if isinstance(k, int) and not 1 <= k <= 32:
             raise ValueError(f"num_speculative_tokens must be in [1, 32] or 'auto', got {k}")
@@ -132,13 +132,13 @@ class Endpoint(BaseModel):
     metrics_url: str | None = Field(default=None, description="Default: <base_url>/metrics.")
 
 
-class EndpointsSpec(BaseModel):
+class EndpointsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     baseline: Endpoint
     speculative: Endpoint
 
 
-class BenchmarkSpec(BaseModel):
+class BenchmarkConfig(BaseModel):
     """How both arms are driven (identically)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -147,8 +147,8 @@ class BenchmarkSpec(BaseModel):
         min_length=1,
         description="Built-in suites, JSONL prompt files or 'llmperf'.",
     )
-    llmperf: LlmperfSpec = Field(
-        default_factory=LlmperfSpec,
+    llmperf: LlmperfConfig = Field(
+        default_factory=LlmperfConfig,
         description="Prompt construction of the 'llmperf' suite (input/output token targets).",
     )
     endpoint: Literal["chat", "completions"] = Field(default="chat", description="API used.")
@@ -167,7 +167,7 @@ class BenchmarkSpec(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
 
     @model_validator(mode="after")
-    def _check(self) -> BenchmarkSpec:
+    def _check(self) -> BenchmarkConfig:
         if any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
         return self
@@ -181,16 +181,16 @@ class ExperimentConfig(BaseModel):
     output_dir: str | None = Field(
         default=None, description="Results folder; default results/<name>-<UTC timestamp>."
     )
-    servers: ServersSpec | None = Field(default=None, description="Start two servers of ours.")
-    endpoints: EndpointsSpec | None = Field(default=None, description="Or use running services.")
-    benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
+    servers: ServersConfig | None = Field(default=None, description="Start two servers of ours.")
+    endpoints: EndpointsConfig | None = Field(default=None, description="Or use running services.")
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
 
     @model_validator(mode="after")
     def _one_source(self) -> ExperimentConfig:
         if self.servers is not None and self.endpoints is not None:
             raise ValueError("give either 'servers' (start ours) or 'endpoints', not both")
         if self.servers is None and self.endpoints is None:
-            object.__setattr__(self, "servers", ServersSpec())
+            object.__setattr__(self, "servers", ServersConfig())
         return self
 
 

@@ -18,10 +18,10 @@ import httpx
 import yaml
 
 from specserve.bench.compare import compare
-from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, SamplingConfig, WorkloadConfig
 from specserve.bench.results import save_result
 from specserve.bench.runner import run_ab
-from specserve.experiment.config import Endpoint, ExperimentConfig, ServersSpec
+from specserve.experiment.config import Endpoint, ExperimentConfig, ServersConfig
 from specserve.experiment.headline import headline_markdown, index_html
 from specserve.experiment.outcome import ARMS, ExperimentOutcome
 from specserve.report.html import write_report
@@ -38,7 +38,7 @@ def default_output_dir(name: str, output_dir: str | None) -> Path:
     return Path("results") / f"{name}-{stamp}"
 
 
-def prefetch_models(servers: ServersSpec) -> None:
+def prefetch_models(servers: ServersConfig) -> None:
     """Fetch (or find cached) the models before any server starts, so a model that cannot be
     fetched fails fast with the loader's message instead of as a server that never gets ready."""
     from specserve.loading.catalog import CATALOG
@@ -51,7 +51,7 @@ def prefetch_models(servers: ServersSpec) -> None:
 
 @contextmanager
 def started_servers(
-    servers: ServersSpec, out: Path, on_status: Callable[[str], None]
+    servers: ServersConfig, out: Path, on_status: Callable[[str], None]
 ) -> Iterator[tuple[dict[str, Endpoint], Callable[[], None]]]:
     """Start both arms' servers, wait for readiness, stop them (SIGTERM, then kill) on exit.
 
@@ -95,18 +95,18 @@ def served_model(base_url: str) -> str:
     return str(resp.json()["data"][0]["id"])
 
 
-def bench_specs(
+def bench_configs(
     cfg: ExperimentConfig, endpoints: dict[str, Endpoint], concurrency: int, suite: str
-) -> list[BenchSpec]:
+) -> list[BenchConfig]:
     b = cfg.benchmark
     return [
-        BenchSpec(
+        BenchConfig(
             base_url=endpoints[arm].base_url,
             model=endpoints[arm].model,
             label=arm,
             endpoint=b.endpoint,
-            workload=WorkloadSpec(suites=(suite,), llmperf=b.llmperf),
-            sampling=SamplingSpec(
+            workload=WorkloadConfig(suites=(suite,), llmperf=b.llmperf),
+            sampling=SamplingConfig(
                 max_tokens=b.max_tokens,
                 min_tokens=b.min_tokens,
                 ignore_eos=b.ignore_eos,
@@ -154,7 +154,7 @@ def run_experiment(
                     key = (concurrency, suite)
                     on_status(f"benchmarking suite {suite!r} at concurrency {concurrency}")
                     results = run_ab(
-                        bench_specs(cfg, endpoints, concurrency, suite),
+                        bench_configs(cfg, endpoints, concurrency, suite),
                         batch_size=cfg.benchmark.batch_size,
                     )
                     run_dir = out / "runs" / f"c{concurrency}" / Path(suite).stem

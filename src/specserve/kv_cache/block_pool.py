@@ -161,11 +161,6 @@ class BlockPool:
         self.num_cache_queries += num_queried
         self.num_cache_hits += num_hit
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every hash (blocks in use stay allocated)."""
-        self._cached.clear()
-        self.block_hashes = [None] * self.num_blocks
-
     def _evict(self, block: int) -> None:
         h = self.block_hashes[block]
         if h is not None:

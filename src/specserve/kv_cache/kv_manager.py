@@ -76,12 +76,6 @@ class KVCacheManager:
         self.pool.record_queries(max_blocks, len(blocks))
         return blocks, len(blocks) * bs
 
-    def num_new_blocks_for(self, request_id: str, num_slots: int, num_cached: int = 0) -> int:
-        """Free blocks an :meth:`allocate_slots` call would take (cached hits cost one only
-        when they sit in the free queue)."""
-        have = len(self.block_tables.get(request_id, ()))
-        return max(0, self.num_blocks_needed(num_slots) - have - num_cached)
-
     def allocate_slots(
         self,
         request_id: str,

@@ -19,30 +19,29 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specserve.config import WeightFormat
+from specserve.dtypes import FLOAT_WEIGHT_FORMATS
+from specserve.loading.loader import LoadedModel, load_model
 from specserve.models.quant.int4_weight import DEFAULT_GROUP_SIZE
 from specserve.models.quant.quantize import QUANT_FORMATS, apply_quantized, quantize_weights
-
-if TYPE_CHECKING:
-    from specserve.loading import LoadedModel
+from specserve.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-_FLOAT_FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def compute_dtype_for(weights: WeightFormat, dtype: torch.dtype | None) -> torch.dtype:
     """The activation dtype: fp32/bf16 formats fix it; int8/int4 default to bf16 (the CPU
     packed kernels are fast for bf16 activations, far slower for fp32)."""
-    if weights in _FLOAT_FORMATS:
-        want = _FLOAT_FORMATS[weights]
+    if weights in FLOAT_WEIGHT_FORMATS:
+        want = FLOAT_WEIGHT_FORMATS[weights]
         if dtype is not None and dtype != want:
             raise ValueError(f"weights={weights!r} runs in {want}, but dtype={dtype} was asked")
         return want
@@ -66,8 +65,6 @@ def quant_cache_file(
     source: Path, fmt: str, group_size: int, cache_dir: Path | None = None
 ) -> Path:
     """Where the quantised tensors of ``source`` in format ``fmt`` are cached."""
-    from specserve.paths import cache_root
-
     directory = cache_dir if cache_dir is not None else cache_root() / "quant"
     directory.mkdir(parents=True, exist_ok=True)
     suffix = f"{fmt}-g{group_size}" if fmt == "int4" else fmt
@@ -149,13 +146,11 @@ def load_model_with_weights(
     Raises:
         ValueError: unknown format, or a dtype that contradicts a float format.
     """
-    from specserve.loading import load_model
-
     if weights not in get_args(WeightFormat):
         raise ValueError(f"unknown weight format {weights!r}; choose from {get_args(WeightFormat)}")
     compute = compute_dtype_for(weights, dtype)
     lm = load_model(spec, dtype=compute, device=device)
-    if weights in _FLOAT_FORMATS:
+    if weights in FLOAT_WEIGHT_FORMATS:
         return lm
     assert weights in QUANT_FORMATS
     _fix_malloc_mmap_threshold()
@@ -185,8 +180,6 @@ def load_in_format(
     dtype's own float weights; ``fp32``/``bf16`` fix the weights (and activations); ``int8``/
     ``int4`` are weight-only with ``dtype`` activations."""
     if weights is None:
-        from specserve.loading import load_model
-
         return load_model(spec, dtype=dtype, device=device)
-    act = None if weights in _FLOAT_FORMATS else dtype
+    act = None if weights in FLOAT_WEIGHT_FORMATS else dtype
     return load_model_with_weights(spec, weights, dtype=act, device=device)

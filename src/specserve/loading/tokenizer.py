@@ -210,6 +210,14 @@ class Tokenizer:
     def _token_str(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.backend.id_to_token(token_id)
 
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of a conversation rendered with the chat template. The template already
+        holds the special tokens the model wants (BOS, turn markers), so none are added."""
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],

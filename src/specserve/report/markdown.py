@@ -7,17 +7,7 @@ from pathlib import Path
 
 from specserve.bench.compare import Comparison
 from specserve.bench.results import BenchResult
-from specserve.report.tables import (
-    CATEGORY_HEADER,
-    COMPARE_HEADER,
-    PARITY_HEADER,
-    RUN_HEADER,
-    category_rows,
-    compare_rows,
-    num,
-    parity_rows,
-    run_rows,
-)
+from specserve.report import tables
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -41,11 +31,11 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
         "llmperf-style ITL = E2E / chunks (includes TTFT, one token per chunk), for "
         "comparison with published llmperf numbers only.",
         "",
-        *_section("Runs", md_table(RUN_HEADER, run_rows(results))),
-        *_section("Per category", md_table(CATEGORY_HEADER, category_rows(results))),
+        *_section("Runs", md_table(tables.RUN_HEADER, tables.run_rows(results))),
+        *_section("Per category", md_table(tables.CATEGORY_HEADER, tables.category_rows(results))),
     ]
     acc_rows = [
-        [r.label, r.load_name, ", ".join(num(a) for a in r.acceptance.per_position) or "–"]
+        [r.label, r.load_name, ", ".join(tables.num(a) for a in r.acceptance.per_position) or "–"]
         for r in results
         if r.acceptance.available
     ]
@@ -59,9 +49,11 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
             f"Comparison with baseline `{comparison.baseline}`",
             "speedup = ratio of medians (> 1: candidate better), bootstrap 95 % CI over requests.",
             "",
-            md_table(COMPARE_HEADER, compare_rows(comparison)),
+            md_table(tables.COMPARE_HEADER, tables.compare_rows(comparison)),
         )
-        out += _section("Output parity", md_table(PARITY_HEADER, parity_rows(comparison)))
+        out += _section(
+            "Output parity", md_table(tables.PARITY_HEADER, tables.parity_rows(comparison))
+        )
         out += ["## Regressions", ""]
         out += [f"- {note}" for note in comparison.regressions] or ["none flagged"]
         out.append("")

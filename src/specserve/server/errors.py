@@ -74,13 +74,15 @@ class ContextLengthError(BadRequestError):
     code = "context_length_exceeded"
 
 
-class ModelNotFoundError(APIError):
+class UnknownModelError(APIError):
+    """The request names a model this server does not serve."""
+
     status_code = 404
     error_type = "not_found_error"
     code = "model_not_found"
 
 
-class QueueFullError(APIError):
+class TooManyRequestsError(APIError):
     """The engine's waiting queue is at its bound; the client should retry later."""
 
     status_code = 429
@@ -136,7 +138,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         if isinstance(exc, BadRequestError):
             _count_rejection(request, "bad_request")
-        elif isinstance(exc, QueueFullError):
+        elif isinstance(exc, TooManyRequestsError):
             _count_rejection(request, "queue_full")
         return error_response(exc)
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,9 +22,9 @@ from types import TracebackType
 
 import httpx
 
-logger = logging.getLogger(__name__)
+from specserve.net import LOOPBACK, free_port, port_in_use
 
-LOOPBACK = "127.0.0.1"
+logger = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
@@ -34,23 +33,6 @@ class ServerStartError(RuntimeError):
 
 class ServerDiedError(RuntimeError):
     """A server process exited while it was still needed (message has its log's tail)."""
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 class ServerProcess:

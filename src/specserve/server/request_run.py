@@ -22,9 +22,10 @@ from typing import Any
 import anyio
 from starlette.requests import Request
 
+from specserve.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
 from specserve.sampling_params import SamplingParams
 from specserve.server.engine_client import EngineClient, EngineOutput
-from specserve.server.errors import BadRequestError, QueueFullError, ServiceUnavailableError
+from specserve.server.errors import BadRequestError, ServiceUnavailableError, TooManyRequestsError
 from specserve.server.metrics import RequestMetrics
 from specserve.server.protocol import SpecDecodeInfo
 
@@ -45,10 +46,9 @@ async def wait_for_disconnect(request: Request) -> None:
 
 def engine_error_to_api(exc: Exception) -> Exception:
     """Map what ``engine.generate`` raises to the server's HTTP errors."""
-    name = type(exc).__name__
-    if name == "QueueFullError":
-        return QueueFullError(f"server is at its queue bound, retry later ({exc})")
-    if name in ("EngineShutdownError", "EngineDeadError"):
+    if isinstance(exc, QueueFullError):
+        return TooManyRequestsError(f"server is at its queue bound, retry later ({exc})")
+    if isinstance(exc, EngineShutdownError | EngineDeadError):
         return ServiceUnavailableError(f"engine is not accepting requests ({exc})")
     if isinstance(exc, ValueError):
         return BadRequestError(str(exc))

@@ -22,20 +22,13 @@ from specserve.server.state import ServerState
 
 
 def chat_prompt_ids(body: ChatCompletionRequest, state: ServerState) -> list[int]:
-    """Render the conversation with the model's chat template and tokenise it.
-
-    The template already holds any special tokens the model wants (BOS, turn markers), so
-    the text is encoded without adding more.
-    """
-    tokenizer = state.tokenizer
+    """The conversation rendered with the model's chat template, as token ids (400 if the
+    template refuses it or an id is out of the vocabulary)."""
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
     try:
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt
-        )
+        ids = state.tokenizer.encode_chat(messages, body.add_generation_prompt)
     except (ValueError, TypeError, KeyError) as exc:  # template refused the conversation
         raise BadRequestError(f"chat template failed: {exc}", param="messages") from exc
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
     check_prompt_ids(ids, state.vocab_size, "messages")
     return ids
 

@@ -14,8 +14,8 @@ from specserve.engine.outputs import EngineStats
 from specserve.server.engine_client import EngineClient
 from specserve.server.errors import (
     BadRequestError,
-    ModelNotFoundError,
     ServiceUnavailableError,
+    UnknownModelError,
 )
 from specserve.server.metrics import ServerMetrics
 
@@ -76,7 +76,7 @@ class ServerState:
         if self._engine is not None:
             names.add(self._engine.model_name)
         if model not in names:
-            raise ModelNotFoundError(
+            raise UnknownModelError(
                 f"the model '{model}' does not exist; this server serves "
                 f"'{self.served_model_name}'",
                 param="model",

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from specserve.models.decoder import SHORT_FORWARD_ROWS
 from specserve.models.quant.int4_weight import Int4Weight, quantize_int4
 from specserve.models.quant.layers import Int4Linear, Int8Embedding, Int8Linear, quantize_int8
 from specserve.models.quant.quantize import (
@@ -74,10 +75,11 @@ def test_int8_linear_packed_matches_fallback_and_reference(dtype: torch.dtype, b
 
 
 def test_int4_packing_by_row_chunks_equals_packing_at_once() -> None:
-    from specserve.models.quant.layers import _ROW_CHUNK, _pack_int4_rows
+    from specserve.models.quant.int4_weight import ROW_CHUNK
+    from specserve.models.quant.layers import _pack_int4_rows
 
     torch.manual_seed(3)
-    n, k = _ROW_CHUNK + 40, 64  # more than one chunk; 40 rows need 8 rows of padding
+    n, k = ROW_CHUNK + 40, 64  # more than one chunk; 40 rows need 8 rows of padding
     w4 = quantize_int4(torch.randn(n, k), 32)
     codes = torch.nn.functional.pad(w4.codes().to(torch.int32), (0, 0, 0, 8))
     whole = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -194,9 +196,13 @@ def test_quantized_verify_equals_decode(family: str, fmt: str) -> None:
     plain = generate_plain(model, prompt, params, eos_token_ids=())
     from specserve.kv_cache.single_sequence import SingleSequenceCache
 
+    # Prefill as plain decoding does, then verify the generated tokens in one short forward
+    # (k + 1 <= SHORT_FORWARD_ROWS rows, the chunk the engine verifies in).
     cache = SingleSequenceCache(model, 64)
-    logits = model.compute_logits(cache.forward([*prompt, *plain.token_ids[:-1]]))
-    verify_argmax = logits[len(prompt) - 1 :].argmax(-1).tolist()
+    first = model.compute_logits(cache.forward(prompt)[-1:])
+    verify = model.compute_logits(cache.forward(plain.token_ids[:-1]))
+    assert len(plain.token_ids) - 1 <= SHORT_FORWARD_ROWS
+    verify_argmax = torch.cat([first, verify]).argmax(-1).tolist()
     assert verify_argmax == plain.token_ids
 
 

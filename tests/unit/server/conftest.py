@@ -50,6 +50,12 @@ class CharTokenizer:
         text = "".join(f"[{m['role']}] {m['content']}\n" for m in messages)
         return text + ("[assistant] " if add_generation_prompt else "")
 
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
 
 def make_engine(*, max_queue_len: int = 64, num_blocks: int = 128, **_: Any) -> AsyncEngine:
     llm = LLMEngine(

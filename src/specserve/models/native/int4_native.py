@@ -22,13 +22,9 @@ Usage::
         packed = int4_native.pack(weight)  # once, at load; Int4Packed's tensors are buffers
         y = int4_native.matmul(x, packed)  # [..., N]
 
-Build: ``torch.utils.cpp_extension.load`` compiles ``csrc/int4_gemv.cpp`` and
-``csrc/decoder_layer.cpp`` (``-O3 -march=native``, against torch's stable C++ ABI headers:
-a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``, the key hashing the
-sources, the flags, the torch and Python versions and this CPU's model and flags (the cache may
-be shared between machines); later processes only load it. The ops are
-``torch.ops.specserve.int4_gemm`` and ``torch.ops.specserve.int4_decoder_layer`` (see
-models/native/fused_layer.py).
+Build: ``build.py`` compiles ``csrc/int4_gemv.cpp`` and ``csrc/decoder_layer.cpp`` into one
+cached library on first use. The ops are ``torch.ops.specserve.int4_gemm`` and
+``torch.ops.specserve.int4_decoder_layer`` (see fused_layer.py).
 :func:`available` is False (the reason logged once, see :func:`unavailable_reason`) when
 ``SPECSERVE_INT4_NATIVE=0``, on a CPU without AVX-512 BF16 / GFNI, or when the build or a
 self-test fails; callers then fall back.
@@ -36,23 +32,18 @@ self-test fails; callers then fall back.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import platform
-import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from specserve.models.native import huge_pages
+from specserve.models.native import build, huge_pages
 from specserve.models.native.env_switch import switched_off
 from specserve.models.quant.int4_weight import Int4Weight
-from specserve.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -69,16 +60,7 @@ TILE_ROWS = 16  # output rows per tile: one per fp32 lane of a zmm register
 BLOCK_K = 8  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
-_CSRC = Path(__file__).parent / "csrc"
-# One library: the matmul, and the fused decoder layer (models/native/fused_layer.py) that calls it.
-_SOURCES = (_CSRC / "int4_gemv.cpp", _CSRC / "decoder_layer.cpp")
-_HEADERS = (_CSRC / "int4_gemv.h",)
-# -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
-# written in every instantiation (batch invariance).
-_CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
-_REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "gfni")
 _INPUT_DTYPES = (torch.bfloat16, torch.float32)
-_STALE_LOCK_S = 600.0  # a build lock older than this is left over from a killed build
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "reason": str | None (after the first attempt)
@@ -230,98 +212,26 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 
 
-# ---------------------------------------------------------------- build / load --------------
-
-
-def _cpu_signature() -> tuple[str, set[str]]:
-    """(model name, flags) of this CPU from /proc/cpuinfo ("" and {} where unreadable)."""
-    model, flags = "", set[str]()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine(), flags
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and not model:
-            model = value.strip()
-        elif key == "flags" and not flags:
-            flags = set(value.split())
-    return model, flags
-
-
-def _build_dir(model: str, flags: set[str]) -> Path:
-    h = hashlib.sha256()
-    for part in (
-        *(path.read_bytes() for path in (*_SOURCES, *_HEADERS)),
-        " ".join(_CFLAGS).encode(),
-        torch.__version__.encode(),
-        sys.version.encode(),
-        platform.machine().encode(),
-        model.encode(),
-        " ".join(sorted(flags)).encode(),
-    ):
-        h.update(part)
-        h.update(b"\0")
-    return cache_root() / "kernels" / f"int4_gemv-{h.hexdigest()[:16]}"
-
-
-def _ensure_ninja() -> None:
-    """Put the ``ninja`` pip package's binary on PATH when none is there already."""
-    if shutil.which("ninja"):
-        return
-    try:
-        import ninja  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def _op_loaded() -> bool:
-    try:
-        return hasattr(torch.ops.specserve, "int4_gemm")
-    except (AttributeError, RuntimeError):
-        return False
+# ---------------------------------------------------------------- load ----------------------
 
 
 def _load() -> str | None:
     """Build (or reuse) and load the kernel; None on success, else why not."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"needs an x86-64 CPU, this is {platform.machine()}"
-    model, flags = _cpu_signature()
+    model, flags = build.cpu_signature()
     if flags:
-        missing = [f for f in _REQUIRED_CPU_FLAGS if f not in flags]
+        missing = [f for f in build.REQUIRED_CPU_FLAGS if f not in flags]
         if missing:
             return f"this CPU lacks {', '.join(missing)}"
-    if not _op_loaded():
+    if not build.op_loaded():
         start = time.perf_counter()
         try:
-            build = _build(model, flags)
+            directory = build.build_and_load(model, flags)
         except Exception as exc:  # no compiler / ninja, compile error, unwritable cache, ...
             return f"build failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
-        logger.debug("int4 kernel loaded in %.1f s from %s", time.perf_counter() - start, build)
+        logger.debug("int4 kernel loaded in %.1f s from %s", time.perf_counter() - start, directory)
     return _self_test()
-
-
-def _build(model: str, flags: set[str]) -> Path:
-    """Compile (unless the cached build is current) and load the op library; its directory."""
-    from torch.utils import cpp_extension
-
-    _ensure_ninja()
-    build = _build_dir(model, flags)
-    build.mkdir(parents=True, exist_ok=True)
-    lock = build / "lock"  # cpp_extension's inter-process build lock
-    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-        lock.unlink(missing_ok=True)  # left by a build that was killed
-    cpp_extension.load(
-        name="specserve_int4_gemv",
-        sources=[str(path) for path in _SOURCES],
-        extra_cflags=list(_CFLAGS),
-        build_directory=str(build),
-        is_python_module=False,
-        verbose=False,
-    )
-    return build
 
 
 def _self_test() -> str | None:
@@ -352,30 +262,6 @@ def _disabled() -> bool:
     return switched_off(_ENV_SWITCH)
 
 
-def _register_fakes() -> None:
-    """Shape-only implementations of the library's ops (the matmul and the fused decoder
-    layer of models/native/fused_layer.py), so ``torch.compile`` can trace through them."""
-
-    def gemm(
-        x: torch.Tensor,
-        qweight: torch.Tensor,
-        scales: torch.Tensor,
-        row_scale: torch.Tensor,
-        out_features: int,
-        group_size: int,
-    ) -> torch.Tensor:
-        return x.new_empty((x.shape[0], out_features))
-
-    def decoder_layer(x: torch.Tensor, *args: object) -> torch.Tensor:
-        return x.new_empty(x.shape)
-
-    for name, fake in (("int4_gemm", gemm), ("int4_decoder_layer", decoder_layer)):
-        try:
-            torch.library.register_fake(f"specserve::{name}", fake)
-        except RuntimeError as exc:  # registered already (e.g. the module was reloaded)
-            logger.debug("fake %s not registered: %s", name, exc)
-
-
 def available() -> bool:
     """Whether :func:`matmul` can run here (builds / loads the kernel on the first call).
 
@@ -389,7 +275,7 @@ def available() -> bool:
             if "ok" not in _state:
                 reason = _load()
                 if reason is None:
-                    _register_fakes()
+                    build.register_fakes()
                 if reason is not None:
                     logger.warning("native int4 kernel unavailable, falling back: %s", reason)
                 _state["reason"] = reason
