@@ -2,8 +2,8 @@
 
 Python API::
 
-    from specserve.bench import BenchSpec, ClosedLoop, run_benchmark, compare
-    result = run_benchmark(BenchSpec(base_url="http://127.0.0.1:8000", model="m",
+    from specserve.bench import BenchConfig, ClosedLoop, run_benchmark, compare
+    result = run_benchmark(BenchConfig(base_url="http://127.0.0.1:8000", model="m",
                                      load=ClosedLoop(concurrency=4), num_requests=32))
     comparison = compare([baseline_result, candidate_result])
     write_report([baseline_result, candidate_result], comparison, "out/")
@@ -11,25 +11,25 @@ Python API::
 
 from specserve.bench.compare import Comparison, compare
 from specserve.bench.inputs import (
-    BenchSpec,
+    BenchConfig,
     ClosedLoop,
-    LlmperfSpec,
+    LlmperfConfig,
     OpenLoop,
-    SamplingSpec,
-    WorkloadSpec,
+    SamplingConfig,
+    WorkloadConfig,
 )
 from specserve.bench.results import BenchResult, load_result, save_result
 from specserve.bench.runner import run_ab, run_benchmark, run_sweep
 
 __all__ = [
+    "BenchConfig",
     "BenchResult",
-    "BenchSpec",
     "ClosedLoop",
     "Comparison",
-    "LlmperfSpec",
+    "LlmperfConfig",
     "OpenLoop",
-    "SamplingSpec",
-    "WorkloadSpec",
+    "SamplingConfig",
+    "WorkloadConfig",
     "compare",
     "load_result",
     "run_ab",

@@ -15,7 +15,7 @@ import httpx
 
 from specserve.bench.arrivals import arrival_offsets_s
 from specserve.bench.client import StreamClient, request_body
-from specserve.bench.inputs import BenchSpec, ClosedLoop
+from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.records import RequestRecord
 from specserve.bench.scrape import SpecCounters, parse_prometheus
 from specserve.bench.workloads import Prompt
@@ -24,7 +24,7 @@ from specserve.bench.workloads import Prompt
 class Arm:
     """State of one arm across its batches."""
 
-    def __init__(self, spec: BenchSpec, prompts: list[Prompt], t0_ns: int) -> None:
+    def __init__(self, spec: BenchConfig, prompts: list[Prompt], t0_ns: int) -> None:
         self.spec = spec
         self.prompts = prompts
         self.t0_ns = t0_ns

@@ -19,14 +19,14 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from specserve.bench.http1 import Http1Pool, HTTPProtocolError
-from specserve.bench.inputs import SamplingSpec
+from specserve.bench.inputs import SamplingConfig
 from specserve.bench.records import ChunkRecord, RequestRecord
 from specserve.bench.sse import SSEParser
 from specserve.bench.workloads import Prompt
 
 
 def request_body(
-    prompt: Prompt, model: str, endpoint: str, sampling: SamplingSpec, stream: bool = True
+    prompt: Prompt, model: str, endpoint: str, sampling: SamplingConfig, stream: bool = True
 ) -> dict:
     """The JSON body for ``prompt`` (chat: one user message; completions: the raw text)."""
     body: dict = {"model": model, "max_tokens": prompt.max_tokens or sampling.max_tokens}

@@ -45,7 +45,7 @@ class OpenLoop(BaseModel):
 LoadShape = Annotated[ClosedLoop | OpenLoop, Field(discriminator="kind")]
 
 
-class SamplingSpec(BaseModel):
+class SamplingConfig(BaseModel):
     """Sampling parameters sent with every request."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -62,13 +62,13 @@ class SamplingSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check_lengths(self) -> SamplingSpec:
+    def _check_lengths(self) -> SamplingConfig:
         if self.min_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} > max_tokens={self.max_tokens}")
         return self
 
 
-class LlmperfSpec(BaseModel):
+class LlmperfConfig(BaseModel):
     """llmperf-compatible prompt construction (random lines up to an input-token target)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,7 +84,7 @@ class LlmperfSpec(BaseModel):
     )
 
 
-class WorkloadSpec(BaseModel):
+class WorkloadConfig(BaseModel):
     """Which prompts: built-in suites, user JSONL files, or llmperf mode."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -96,10 +96,10 @@ class WorkloadSpec(BaseModel):
     categories: tuple[str, ...] | None = Field(
         default=None, description="Keep only these categories."
     )
-    llmperf: LlmperfSpec = Field(default_factory=LlmperfSpec, description="llmperf mode knobs.")
+    llmperf: LlmperfConfig = Field(default_factory=LlmperfConfig, description="llmperf mode knobs.")
 
 
-class BenchSpec(BaseModel):
+class BenchConfig(BaseModel):
     """One benchmark run of one endpoint (an *arm*) at one load point."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,8 +109,8 @@ class BenchSpec(BaseModel):
         default="run", min_length=1, description="Arm name, e.g. baseline / candidate."
     )
     endpoint: Literal["completions", "chat"] = Field(default="chat", description="API to call.")
-    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     load: LoadShape = Field(default_factory=ClosedLoop, description="Closed or open loop.")
     num_requests: int | None = Field(default=None, ge=1, description="Measured requests to send.")
     duration_s: float | None = Field(
@@ -137,7 +137,7 @@ class BenchSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check_bound(self) -> BenchSpec:
+    def _check_bound(self) -> BenchConfig:
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
         if not self.base_url.startswith(("http://", "https://")):

@@ -39,7 +39,7 @@ def machine_info() -> dict[str, str | int | None]:
 class Manifest(BaseModel):
     """What was run, against what, from where."""
 
-    spec: dict = Field(description="The BenchSpec (endpoint, model, sampling, load, workload).")
+    spec: dict = Field(description="The BenchConfig (endpoint, model, sampling, load, workload).")
     server_models: dict | None = Field(default=None, description="GET /v1/models as reported.")
     server_info_error: str | None = None
     prompt_set_hash: str

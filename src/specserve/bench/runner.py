@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from specserve.bench.arm import Arm
-from specserve.bench.inputs import BenchSpec, ClosedLoop
+from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.loadcheck import check_load
 from specserve.bench.metrics import derive, summarize
 from specserve.bench.records import RequestRecord
@@ -34,12 +34,12 @@ from specserve.bench.workloads import load_workload, prompt_set_hash
 logger = logging.getLogger(__name__)
 
 
-def run_benchmark(spec: BenchSpec) -> BenchResult:
+def run_benchmark(spec: BenchConfig) -> BenchResult:
     """Run one arm at one load point (warm-up first, then the measured requests)."""
     return run_ab([spec], batch_size=None)[0]
 
 
-def run_sweep(spec: BenchSpec, concurrencies: Sequence[int]) -> list[BenchResult]:
+def run_sweep(spec: BenchConfig, concurrencies: Sequence[int]) -> list[BenchResult]:
     """``spec`` at each closed-loop concurrency, one after the other."""
     return [
         run_benchmark(spec.model_copy(update={"load": ClosedLoop(concurrency=c)}))
@@ -47,7 +47,7 @@ def run_sweep(spec: BenchSpec, concurrencies: Sequence[int]) -> list[BenchResult
     ]
 
 
-def run_ab(specs: Sequence[BenchSpec], batch_size: int | None) -> list[BenchResult]:
+def run_ab(specs: Sequence[BenchConfig], batch_size: int | None) -> list[BenchResult]:
     """Run arms alternately in batches of ``batch_size`` measured requests (ABBA order).
 
     All arms must share the workload, sampling, load and bounds (they differ in endpoint);
@@ -68,7 +68,7 @@ def run_ab(specs: Sequence[BenchSpec], batch_size: int | None) -> list[BenchResu
     return asyncio.run(_run_arms(list(specs), batch_size))
 
 
-async def _run_arms(specs: list[BenchSpec], batch_size: int | None) -> list[BenchResult]:
+async def _run_arms(specs: list[BenchConfig], batch_size: int | None) -> list[BenchResult]:
     prompts = load_workload(specs[0].workload)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     t0_ns = time.perf_counter_ns()
@@ -137,7 +137,7 @@ def token_counter(name: str) -> Callable[[str], int]:
 
 
 def result_from_records(
-    spec: BenchSpec, records: Sequence[RequestRecord], acceptance: Acceptance, manifest: Manifest
+    spec: BenchConfig, records: Sequence[RequestRecord], acceptance: Acceptance, manifest: Manifest
 ) -> BenchResult:
     """Derive metrics of ``records`` and summarise them into the result of ``spec``'s arm."""
     count = token_counter(spec.tokenizer) if spec.tokenizer else None

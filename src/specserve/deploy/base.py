@@ -11,7 +11,7 @@ import json
 from typing import Any, Literal
 
 from specserve.deploy.config import MODELS_MOUNT, DeployConfig, S3Source
-from specserve.deploy.platforms import NvidiaSpec
+from specserve.deploy.platforms import NvidiaConfig
 
 Arm = Literal["baseline", "speculative"]
 ARMS: tuple[Arm, Arm] = ("baseline", "speculative")
@@ -101,7 +101,7 @@ def server_container(cfg: DeployConfig, arm: Arm) -> Obj:
     s = cfg.serving
     return {
         "name": SERVER_CONTAINER,
-        "image": (cfg.platforms.nvidia or NvidiaSpec()).image,
+        "image": (cfg.platforms.nvidia or NvidiaConfig()).image,
         "command": list(VLLM_COMMAND),
         "args": vllm_args(cfg, arm),
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from specserve.deploy.catalog import tokenizer_family
 from specserve.deploy.platforms import (
     NAME_PATTERN,
-    PlatformsSpec,
+    PlatformsConfig,
     Strict,
 )
 from specserve.yaml_config import load_yaml_model
@@ -75,7 +75,7 @@ class S3Source(Strict):
 ModelSource = Annotated[PvcSource | S3Source, Field(discriminator="kind")]
 
 
-class SpeculationSpec(Strict):
+class SpeculationConfig(Strict):
     """What the speculative arm adds to the baseline."""
 
     method: Literal["draft_model", "eagle", "eagle3", "ngram"] = Field(
@@ -90,7 +90,7 @@ class SpeculationSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _check_k(self) -> SpeculationSpec:
+    def _check_k(self) -> SpeculationConfig:
         if not 1 <= self.num_speculative_tokens <= _MAX_K:
             raise ValueError(
                 f"num_speculative_tokens must be in 1..{_MAX_K}, got "
@@ -99,7 +99,7 @@ class SpeculationSpec(Strict):
         return self
 
 
-class ServingSpec(Strict):
+class ServingConfig(Strict):
     """Server settings shared by both arms on every platform."""
 
     max_model_len: int = Field(ge=16, description="Context length (prompt + output).")
@@ -115,7 +115,7 @@ class ServingSpec(Strict):
     )
 
 
-class EmfSpec(Strict):
+class EmfConfig(Strict):
     """The bench's CloudWatch embedded-metric-format lines, printed to the Job's log."""
 
     namespace: str = Field(
@@ -123,7 +123,7 @@ class EmfSpec(Strict):
     )
 
 
-class BenchJobSpec(Strict):
+class BenchJobConfig(Strict):
     """The benchmark Job that drives both arms, alternating between them."""
 
     enabled: bool = True
@@ -135,10 +135,10 @@ class BenchJobSpec(Strict):
     warmup_requests: int = Field(default=2, ge=0, description="Per arm, excluded from results.")
     results_storage: str = Field(default="10Gi", description="Size of the results PVC.")
     results_storage_class: str | None = Field(default=None, description="Default class when unset.")
-    cloudwatch_emf: EmfSpec | None = Field(default=None, description="Emit EMF logs when set.")
+    cloudwatch_emf: EmfConfig | None = Field(default=None, description="Emit EMF logs when set.")
 
 
-class MonitoringSpec(Strict):
+class MonitoringConfig(Strict):
     service_monitor: bool = Field(
         default=True, description="Render a monitoring.coreos.com ServiceMonitor."
     )
@@ -161,11 +161,11 @@ class DeployConfig(Strict):
     model_source: ModelSource | None = Field(
         default=None, description="Where the weights are (required)."
     )
-    speculation: SpeculationSpec
-    serving: ServingSpec
-    platforms: PlatformsSpec
-    bench: BenchJobSpec = Field(default_factory=BenchJobSpec)
-    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    speculation: SpeculationConfig
+    serving: ServingConfig
+    platforms: PlatformsConfig
+    bench: BenchJobConfig = Field(default_factory=BenchJobConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DeployConfig:

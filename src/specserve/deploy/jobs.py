@@ -19,7 +19,7 @@ from specserve.deploy.base import (
     labels,
 )
 from specserve.deploy.config import DeployConfig
-from specserve.deploy.platforms import SpecserveSpec
+from specserve.deploy.platforms import SpecserveConfig
 
 SPECSERVE_COMMAND = ["specserve"]
 
@@ -114,7 +114,7 @@ def _container(name: str, image: str, args: list[str]) -> Obj:
 
 def bench_job(cfg: DeployConfig) -> Obj:
     """The benchmark Job (steps run in order as init containers, the last as the container)."""
-    image = (cfg.platforms.specserve or SpecserveSpec()).image("cpu")
+    image = (cfg.platforms.specserve or SpecserveConfig()).image("cpu")
     steps = [("wait-for-arms", wait_args(cfg)), ("bench", bench_args(cfg))]
     if cfg.bench.cloudwatch_emf is not None:
         steps.append(("emf", emf_args(cfg)))

@@ -17,7 +17,7 @@ from typing import Literal
 
 from specserve.deploy.base import ARMS, SERVER_CONTAINER, Arm, Obj, arm_name, vllm_args
 from specserve.deploy.config import DeployConfig
-from specserve.deploy.platforms import NeuronSpec, NvidiaSpec, SpecserveSpec
+from specserve.deploy.platforms import NeuronConfig, NvidiaConfig, SpecserveConfig
 
 KUSTOMIZE_API = "kustomize.config.k8s.io/v1beta1"
 COMPILE_CACHE_MOUNT = "/compile-cache"
@@ -40,7 +40,7 @@ def _patch(cfg: DeployConfig, arm: Arm, container: Obj, pod: Obj | None = None) 
     }
 
 
-def nvidia_patch(cfg: DeployConfig, spec: NvidiaSpec, arm: Arm) -> Obj:
+def nvidia_patch(cfg: DeployConfig, spec: NvidiaConfig, arm: Arm) -> Obj:
     args = [
         *vllm_args(cfg, arm),
         f"--tensor-parallel-size={spec.tensor_parallel_size}",
@@ -60,7 +60,7 @@ def nvidia_patch(cfg: DeployConfig, spec: NvidiaSpec, arm: Arm) -> Obj:
     return _patch(cfg, arm, container, pod)
 
 
-def neuron_additional_config(spec: NeuronSpec) -> str | None:
+def neuron_additional_config(spec: NeuronConfig) -> str | None:
     """The speculative arm's ``--additional-config`` JSON, or None when nothing to override."""
     if not spec.fused_speculation:
         return None
@@ -68,7 +68,7 @@ def neuron_additional_config(spec: NeuronSpec) -> str | None:
     return json.dumps(value, separators=(", ", ": "))
 
 
-def neuron_patch(cfg: DeployConfig, spec: NeuronSpec, arm: Arm) -> Obj:
+def neuron_patch(cfg: DeployConfig, spec: NeuronConfig, arm: Arm) -> Obj:
     args = [*vllm_args(cfg, arm), f"--tensor-parallel-size={spec.tensor_parallel_size}"]
     extra = neuron_additional_config(spec)
     if arm == "speculative" and extra is not None:
@@ -100,7 +100,7 @@ def neuron_patch(cfg: DeployConfig, spec: NeuronSpec, arm: Arm) -> Obj:
 
 
 def specserve_serve_args(
-    cfg: DeployConfig, spec: SpecserveSpec, arm: Arm, variant: Literal["cpu", "cuda"]
+    cfg: DeployConfig, spec: SpecserveConfig, arm: Arm, variant: Literal["cpu", "cuda"]
 ) -> list[str]:
     """Arguments after ``specserve`` for one arm of specserve's own server."""
     s = cfg.serving
@@ -134,7 +134,7 @@ def specserve_serve_args(
 
 
 def specserve_patch(
-    cfg: DeployConfig, spec: SpecserveSpec, arm: Arm, variant: Literal["cpu", "cuda"]
+    cfg: DeployConfig, spec: SpecserveConfig, arm: Arm, variant: Literal["cpu", "cuda"]
 ) -> Obj:
     container: Obj = {
         "image": spec.image(variant),

@@ -24,7 +24,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class NvidiaSpec(Strict):
+class NvidiaConfig(Strict):
     """vLLM on NVIDIA GPUs."""
 
     image: str = Field(default="vllm/vllm-openai:v0.23.0", description="Pinned vLLM image.")
@@ -34,7 +34,7 @@ class NvidiaSpec(Strict):
     node_selector: dict[str, str] = Field(default_factory=dict)
 
 
-class NeuronSpec(Strict):
+class NeuronConfig(Strict):
     """vLLM on AWS Trainium/Inferentia through the vLLM Neuron plugin (NxD Inference)."""
 
     image: str = Field(
@@ -63,7 +63,7 @@ class NeuronSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _check_devices(self) -> NeuronSpec:
+    def _check_devices(self) -> NeuronConfig:
         inst = NEURON_INSTANCES.get(self.instance_type)
         if inst is None:
             known = ", ".join(sorted(NEURON_INSTANCES))
@@ -83,7 +83,7 @@ class NeuronSpec(Strict):
         return self
 
 
-class SpecserveSpec(Strict):
+class SpecserveConfig(Strict):
     """specserve's own server, built from the Dockerfile in the repository."""
 
     image_repository: str = Field(
@@ -101,7 +101,7 @@ class SpecserveSpec(Strict):
         return f"{self.image_repository}:{self.image_tag}-{variant}"
 
 
-class PlatformsSpec(Strict):
-    nvidia: NvidiaSpec | None = None
-    neuron: NeuronSpec | None = None
-    specserve: SpecserveSpec | None = None
+class PlatformsConfig(Strict):
+    nvidia: NvidiaConfig | None = None
+    neuron: NeuronConfig | None = None
+    specserve: SpecserveConfig | None = None

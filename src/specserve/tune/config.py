@@ -16,7 +16,7 @@ class TuneConfigError(ValueError):
     """The tune config is missing, unreadable or invalid (message lists every problem)."""
 
 
-class ProposerSpec(BaseModel):
+class ProposerConfig(BaseModel):
     """One proposer to sweep; each gets its own server (restarted only when this changes)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -33,7 +33,7 @@ class ProposerSpec(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> ProposerSpec:
+    def _check(self) -> ProposerConfig:
         uses_draft = self.method in ("draft", "hybrid")
         if uses_draft and not self.draft:
             raise ValueError(f"proposer {self.name!r}: method {self.method!r} needs a draft model")
@@ -52,15 +52,17 @@ class ProposerSpec(BaseModel):
         return args
 
 
-def _default_proposers() -> tuple[ProposerSpec, ...]:
+def _default_proposers() -> tuple[ProposerConfig, ...]:
     return (
-        ProposerSpec(name="draft-0.5b", method="draft", draft=DEFAULT_DRAFT),
-        ProposerSpec(
+        ProposerConfig(name="draft-0.5b", method="draft", draft=DEFAULT_DRAFT),
+        ProposerConfig(
             name="draft-0.5b-int4", method="draft", draft=DEFAULT_DRAFT, draft_weights="int4"
         ),
-        ProposerSpec(name="draft-0.5b-6L", method="draft", draft=DEFAULT_DRAFT, draft_num_layers=6),
-        ProposerSpec(name="ngram", method="ngram"),
-        ProposerSpec(name="suffix", method="suffix"),
+        ProposerConfig(
+            name="draft-0.5b-6L", method="draft", draft=DEFAULT_DRAFT, draft_num_layers=6
+        ),
+        ProposerConfig(name="ngram", method="ngram"),
+        ProposerConfig(name="suffix", method="suffix"),
     )
 
 
@@ -76,7 +78,7 @@ class TuneConfig(BaseModel):
     max_num_seqs: int = Field(default=8, ge=1)
     extra_args: tuple[str, ...] = Field(default=(), description="Extra `specserve serve` args.")
     startup_timeout_s: float = Field(default=900.0, gt=0)
-    proposers: tuple[ProposerSpec, ...] = Field(default_factory=_default_proposers, min_length=1)
+    proposers: tuple[ProposerConfig, ...] = Field(default_factory=_default_proposers, min_length=1)
     k: tuple[int, ...] = Field(default=(1, 2, 3, 5, 7), min_length=1, description="k values.")
     concurrency: tuple[int, ...] = Field(default=(1,), min_length=1)
     suites: tuple[str, ...] = Field(default=("structured", "open-ended"), min_length=1)

@@ -17,12 +17,12 @@ from pathlib import Path
 import yaml
 
 from specserve.bench.compare import Comparison, compare
-from specserve.bench.inputs import BenchSpec, ClosedLoop, SamplingSpec, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, SamplingConfig, WorkloadConfig
 from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
 from specserve.experiment.runner import default_output_dir, served_model
 from specserve.server.launcher import ServerProcess
-from specserve.tune.config import ProposerSpec, TuneConfig
+from specserve.tune.config import ProposerConfig, TuneConfig
 from specserve.tune.recommend import Recommendation, SweepPoint, iid_expected_length, recommend
 from specserve.tune.report import write_tune_report
 
@@ -35,7 +35,7 @@ class TuneOutcome:
     results: list[BenchResult] = field(default_factory=list)
 
 
-def _arm_label(proposer: ProposerSpec, k: int) -> str:
+def _arm_label(proposer: ProposerConfig, k: int) -> str:
     return f"{proposer.name}-k{k}"
 
 
@@ -43,23 +43,23 @@ def _specs(
     cfg: TuneConfig,
     base: tuple[str, str],
     spec: tuple[str, str],
-    proposer: ProposerSpec,
+    proposer: ProposerConfig,
     concurrency: int,
     suite: str,
-) -> list[BenchSpec]:
+) -> list[BenchConfig]:
     common = dict(
         endpoint=cfg.endpoint,
-        workload=WorkloadSpec(suites=(suite,)),
-        sampling=SamplingSpec(max_tokens=cfg.max_tokens, temperature=0.0),
+        workload=WorkloadConfig(suites=(suite,)),
+        sampling=SamplingConfig(max_tokens=cfg.max_tokens, temperature=0.0),
         load=ClosedLoop(concurrency=concurrency),
         num_requests=cfg.num_requests,
         warmup_requests=cfg.warmup_requests,
         progress=True,
     )
-    arms = [BenchSpec(base_url=base[0], model=base[1], label="baseline", **common)]  # type: ignore[arg-type]
+    arms = [BenchConfig(base_url=base[0], model=base[1], label="baseline", **common)]  # type: ignore[arg-type]
     for k in cfg.k:
         arms.append(
-            BenchSpec(
+            BenchConfig(
                 base_url=spec[0],
                 model=spec[1],
                 label=_arm_label(proposer, k),
@@ -71,7 +71,7 @@ def _specs(
 
 
 def points_from(
-    cfg: TuneConfig, proposer: ProposerSpec, concurrency: int, comparison: Comparison
+    cfg: TuneConfig, proposer: ProposerConfig, concurrency: int, comparison: Comparison
 ) -> list[SweepPoint]:
     load = f"c{concurrency}"
     points = []

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from specserve.bench.compare import bootstrap_ratio, compare
-from specserve.bench.inputs import BenchSpec, ClosedLoop
+from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.records import ChunkRecord, RequestRecord
 from specserve.bench.results import BenchResult, Manifest
 from specserve.bench.runner import result_from_records
@@ -62,7 +62,7 @@ def synthetic(
                 error=err,
             )
         )
-    spec = BenchSpec(
+    spec = BenchConfig(
         base_url="http://x",
         model="m",
         label=label,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from specserve.cli import build_parser
-from specserve.commands.bench import build_specs
+from specserve.commands.bench import build_bench_configs
 from specserve.commands.serve import engine_config_from_args
 from specserve.deploy.config import load_deploy_config
 from specserve.deploy.render import render
@@ -81,7 +81,7 @@ def test_bench_command_lines_parse(demo_builds: dict[str, list[dict[str, Any]]])
         )
         assert args.output == "/results/$(JOB_NAME)"
         # What the bench builds from them: one load point, two arms, both suites.
-        (arms,) = build_specs(args)
+        (arms,) = build_bench_configs(args)
         assert [a.base_url for a in arms] == [args.baseline, args.candidate]
         for arm in arms:
             assert arm.model == "Qwen/Qwen3-8B"

@@ -35,14 +35,14 @@ def test_arms_differ_only_in_speculation() -> None:
 
 
 def test_draft_weights_follow_the_method() -> None:
-    from specserve.experiment.config import ServersSpec
+    from specserve.experiment.config import ServersConfig
 
-    assert ServersSpec(method="ngram").draft_weights is None
-    assert "--draft-weights" not in ServersSpec(method="ngram").serve_args(speculative=True)
-    same = ServersSpec(method="draft", draft_weights=None).serve_args(speculative=True)
+    assert ServersConfig(method="ngram").draft_weights is None
+    assert "--draft-weights" not in ServersConfig(method="ngram").serve_args(speculative=True)
+    same = ServersConfig(method="draft", draft_weights=None).serve_args(speculative=True)
     assert "--draft-weights" not in same
     with pytest.raises(ValueError, match="draft_weights is only used with methods"):
-        ServersSpec(method="suffix", draft_weights="int4")
+        ServersConfig(method="suffix", draft_weights="int4")
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specserve.bench.compare import Comparison, compare
-from specserve.bench.inputs import BenchSpec, ClosedLoop, WorkloadSpec
+from specserve.bench.inputs import BenchConfig, ClosedLoop, WorkloadConfig
 from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.bench.results import BenchResult
 from specserve.bench.runner import run_ab
@@ -19,13 +19,13 @@ def ab_results() -> tuple[list[BenchResult], Comparison]:
     with serve_in_thread(base_cfg) as a, serve_in_thread(cand_cfg) as b:
         for c in (1, 2):
             specs = [
-                BenchSpec(
+                BenchConfig(
                     base_url=f"http://127.0.0.1:{server.port}",
                     model="mock-model",
                     label=label,
                     num_requests=8,
                     load=ClosedLoop(concurrency=c),
-                    workload=WorkloadSpec(
+                    workload=WorkloadConfig(
                         suites=("structured", "open-ended"), categories=("repeat", "prose")
                     ),
                 )

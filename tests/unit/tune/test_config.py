@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from specserve.tune.config import ProposerSpec
+from specserve.tune.config import ProposerConfig
 
 
 def test_draft_settings_become_serve_arguments() -> None:
-    spec = ProposerSpec(
+    spec = ProposerConfig(
         name="d", method="draft", draft="m", draft_num_layers=6, draft_weights="int4"
     )
     args = spec.serve_args(k_max=7)
@@ -17,7 +17,9 @@ def test_draft_settings_become_serve_arguments() -> None:
     assert args[args.index("--draft-model") + 1] == "m"
     assert args[args.index("--draft-num-layers") + 1] == "6"
     assert args[args.index("--draft-weights") + 1] == "int4"
-    assert "--draft-weights" not in ProposerSpec(name="d", method="draft", draft="m").serve_args(3)
+    assert "--draft-weights" not in ProposerConfig(name="d", method="draft", draft="m").serve_args(
+        3
+    )
 
 
 @pytest.mark.parametrize(
@@ -30,7 +32,7 @@ def test_draft_settings_become_serve_arguments() -> None:
 )
 def test_bad_proposers_are_refused(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(ValidationError, match=needle):
-        ProposerSpec(name="p", **kwargs)  # type: ignore[arg-type]
+        ProposerConfig(name="p", **kwargs)  # type: ignore[arg-type]
 
 
 def test_shipped_draft_size_example_validates() -> None:
