@@ -20,7 +20,7 @@ import random
 import re
 from pathlib import Path
 
-from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
+from specserve.bench.inputs import LlmperfConfig, WorkloadConfig
 from specserve.bench.suites import SUITES, Prompt, builtin_lines, get_suite, load_jsonl
 
 # Prompt is defined in the registry; bench's request code takes it from here with the workload.
@@ -34,7 +34,7 @@ def estimate_tokens(text: str) -> int:
     return len(_WORD_PIECES.findall(text))
 
 
-def llmperf_prompts(spec: LlmperfSpec) -> list[Prompt]:
+def llmperf_prompts(spec: LlmperfConfig) -> list[Prompt]:
     """Prompts in llmperf's token-benchmark style (see module docstring)."""
     if spec.lines_file is not None:
         path = Path(spec.lines_file)
@@ -79,7 +79,7 @@ def llmperf_prompts(spec: LlmperfSpec) -> list[Prompt]:
     return prompts
 
 
-def load_workload(spec: WorkloadSpec) -> list[Prompt]:
+def load_workload(spec: WorkloadConfig) -> list[Prompt]:
     """All prompts of ``spec``, categories interleaved round-robin; ids must be unique."""
     prompts: list[Prompt] = []
     for suite in spec.suites:

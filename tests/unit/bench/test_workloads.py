@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.inputs import LlmperfSpec, WorkloadSpec
+from specserve.bench.inputs import LlmperfConfig, WorkloadConfig
 from specserve.bench.suites import SUITES, builtin_lines, load_jsonl
 from specserve.bench.workloads import (
     estimate_tokens,
@@ -18,7 +18,7 @@ from specserve.bench.workloads import (
 
 
 def test_builtin_suites_have_their_categories() -> None:
-    prompts = load_workload(WorkloadSpec())
+    prompts = load_workload(WorkloadConfig())
     cats = {p.category for p in prompts}
     assert {"repeat", "counting", "json", "report", "code"} <= cats
     assert {"prose", "explanation"} <= cats
@@ -28,19 +28,19 @@ def test_builtin_suites_have_their_categories() -> None:
 
 
 def test_category_filter_and_unknown_category() -> None:
-    prompts = load_workload(WorkloadSpec(suites=("structured",), categories=("repeat",)))
+    prompts = load_workload(WorkloadConfig(suites=("structured",), categories=("repeat",)))
     assert prompts and {p.category for p in prompts} == {"repeat"}
     with pytest.raises(ValueError, match="not in the workload"):
-        load_workload(WorkloadSpec(suites=("structured",), categories=("prose",)))
+        load_workload(WorkloadConfig(suites=("structured",), categories=("prose",)))
 
 
 def test_unknown_suite_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown suite 'nope': use a registered suite"):
-        load_workload(WorkloadSpec(suites=("nope",)))
+        load_workload(WorkloadConfig(suites=("nope",)))
 
 
 def test_every_registered_suite_can_be_benchmarked_together() -> None:
-    prompts = load_workload(WorkloadSpec(suites=tuple(SUITES)))
+    prompts = load_workload(WorkloadConfig(suites=tuple(SUITES)))
     assert {"palindrome", "json-template", "mixed-0", "brief-0", "repeat-0"} <= {
         p.id for p in prompts
     }
@@ -50,7 +50,7 @@ def test_user_jsonl(tmp_path: Path) -> None:
     f = tmp_path / "mine.jsonl"
     lines = [{"prompt": "hi there", "category": "greet", "max_tokens": 7}, {"prompt": "yo"}]
     f.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    prompts = load_workload(WorkloadSpec(suites=(str(f),)))
+    prompts = load_workload(WorkloadConfig(suites=(str(f),)))
     assert [p.category for p in prompts] == ["greet", "mine"]
     assert prompts[0].max_tokens == 7 and prompts[1].id == "mine-2"
 
@@ -76,11 +76,11 @@ def test_duplicate_ids_refused(tmp_path: Path) -> None:
     f = tmp_path / "dup.jsonl"
     f.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
     with pytest.raises(ValueError, match="not unique"):
-        load_workload(WorkloadSpec(suites=(str(f),)))
+        load_workload(WorkloadConfig(suites=(str(f),)))
 
 
 def test_llmperf_prompts_hit_the_input_token_target() -> None:
-    spec = LlmperfSpec(
+    spec = LlmperfConfig(
         mean_input_tokens=300, stddev_input_tokens=0, mean_output_tokens=77, num_prompts=5, seed=1
     )
     prompts = llmperf_prompts(spec)
@@ -96,13 +96,13 @@ def test_llmperf_prompts_hit_the_input_token_target() -> None:
 
 
 def test_llmperf_stddev_varies_lengths() -> None:
-    spec = LlmperfSpec(mean_input_tokens=200, stddev_input_tokens=50, num_prompts=20)
+    spec = LlmperfConfig(mean_input_tokens=200, stddev_input_tokens=50, num_prompts=20)
     lengths = {estimate_tokens(p.text) for p in llmperf_prompts(spec)}
     assert len(lengths) > 5
 
 
 def test_prompt_set_hash_changes_with_content() -> None:
-    a = load_workload(WorkloadSpec(suites=("structured",)))
+    a = load_workload(WorkloadConfig(suites=("structured",)))
     assert prompt_set_hash(a) == prompt_set_hash(list(a))
     assert prompt_set_hash(a) != prompt_set_hash(a[:-1])
 
