@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specserve.cli import main
-from specserve.commands.generate import make_proposer
 from specserve.loading import LoadedModel
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.plain_loop import generate_plain
 from specserve.spec_decode.speculative_loop import generate_speculative

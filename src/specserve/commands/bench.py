@@ -21,6 +21,7 @@ from specserve.bench import (
     run_ab,
     save_result,
 )
+from specserve.bench.suites import suite_names
 from specserve.report.html import write_report
 from specserve.report.markdown import md_table
 from specserve.report.tables import RUN_HEADER, run_rows
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     work.add_argument(
         "--suite",
         action="append",
-        help="comma list of: structured, open-ended, llmperf, FILE.jsonl; repeatable "
+        help=f"comma list of: {', '.join(suite_names())}, llmperf, FILE.jsonl; repeatable "
         "(default structured,open-ended)",
     )
     work.add_argument("--categories", help="comma list of categories to keep")

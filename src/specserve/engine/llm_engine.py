@@ -1,6 +1,6 @@
 """The synchronous engine: one :meth:`LLMEngine.step` = schedule, draft, verify, commit.
 
-A step, in order (DESIGN.md "Engine contracts"):
+A step, in order (docs/design.md, "Engine contracts"):
 
 1. ``schedule``: continuous batching picks prefill chunks, decode tokens and each decoding
    request's k (``scheduler.py``).

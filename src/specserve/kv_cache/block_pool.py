@@ -3,7 +3,8 @@
 Pure Python, no tensors. Terms:
 
 * **block**: ``block_size`` consecutive KV slots; block ``b`` holds slots
-  ``b * block_size .. (b + 1) * block_size - 1`` of :class:`~.cache_tensors.KVCacheTensors`.
+  ``b * block_size .. (b + 1) * block_size - 1`` of the model's
+  :class:`~specserve.models.cache_tensors.KVCacheTensors`.
   Block 0 is the scratch block and is never handed out.
 * **ref count**: how many requests' block tables contain the block. A block with ref count 0
   is *free*: it sits in the free queue and may be handed out again.

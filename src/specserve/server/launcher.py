@@ -1,10 +1,9 @@
 """Run ``specserve serve`` as a child process: free port, readiness wait, clean shutdown.
 
-Used by ``specserve experiment`` / ``tune``, the end-to-end tests and
-``benchmarks/serve_ab.py``; loopback only. Each child runs in its own process group with its
-output in a log file; :meth:`ServerProcess.stop` (also from ``__exit__``, on Ctrl-C and on
-failure) sends SIGTERM, waits for the drain, then SIGKILLs the group, so no server outlives
-its owner.
+Used by ``specserve experiment`` / ``tune`` and the end-to-end tests; loopback only. Each
+child runs in its own process group with its output in a log file;
+:meth:`ServerProcess.stop` (also from ``__exit__``, on Ctrl-C and on failure) sends SIGTERM,
+waits for the drain, then SIGKILLs the group, so no server outlives its owner.
 """
 
 from __future__ import annotations

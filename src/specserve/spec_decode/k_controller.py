@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Relative cost of a forward over T tokens vs 1 when nothing is measured yet: +2 % per token
-# (memory-bound small steps; MODELS.md: 1-5 tokens cost about what 1 does, 8-16 about 1.2x).
+# (memory-bound small steps: measured on a 2-core CPU, 1-5 tokens cost about what 1 does,
+# 8-16 about 1.2x).
 _VERIFY_SLOPE_PRIOR = 0.02
 
 

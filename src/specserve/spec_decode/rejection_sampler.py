@@ -15,7 +15,7 @@ Decoding", Algorithm 1; Chen et al., 2023): accept draft token x with probabilit
 min(1, p_target(x) / p_draft(x)) -- a one-hot (deterministic) draft has p_draft(x) = 1 --
 and at the first rejection sample from norm(max(0, p_target - p_draft)). The output is then
 distributed exactly as the target's. Target and draft distributions are processed alike
-(``engine.sampler.logits_to_probs``: temperature, top-k, top-p).
+(``sampling.sampler.logits_to_probs``: temperature, top-k, top-p).
 
 Randomness per request, in order: k_i uniforms (one draw), then one multinomial draw for the
 recovered/bonus token. A request with a seeded generator therefore samples the same tokens

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specserve.config import SchedulerConfig
-from specserve.engine.request import QueueFullError, Request, RequestStatus
+from specserve.engine.errors import QueueFullError
+from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler, SchedulerOutput
 from specserve.kv_cache.kv_manager import KVCacheManager
 from specserve.sampling_params import SamplingParams

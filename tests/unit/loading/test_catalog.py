@@ -1,4 +1,4 @@
-"""The catalog matches the official files listed in MODELS.md, part by part."""
+"""The catalog matches the official files (size and sha256), part by part."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 // RMSNorm for Qwen3), RoPE, KV-cache write,
 // attention, output projection, residual, RMSNorm, fused gate/up projection, SiLU * up, down
 // projection, residual. Registered as torch.ops.specserve.int4_decoder_layer; the Python side
-// is specserve/models/fused_layer.py.
+// is specserve/models/native/fused_layer.py.
 //
 // Why: a 1-token decode step of a 28-layer model dispatches ~1,900 small ATen ops (about
 // 70 per layer) at a few microseconds each: 10-15 ms next to ~30 ms of weight reads. Here a

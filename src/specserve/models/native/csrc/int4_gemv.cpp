@@ -2,7 +2,7 @@
 //
 // Computes y = x @ w.T for bf16 (or fp32) activations x [M, K] and int4 weights
 // w[n, k] = q[n, k] * scale[n, g] + minimum[n, g], g = k / G, packed by
-// specserve/models/int4_native.py. Registered as torch.ops.specserve.int4_gemm through
+// specserve/models/native/int4_native.py. Registered as torch.ops.specserve.int4_gemm through
 // PyTorch's stable C++ ABI (STABLE_TORCH_LIBRARY, torch::stable::parallel_for = libtorch's
 // at::parallel_for thread pool): its headers compile in ~1 s where <torch/library.h> and
 // <ATen/...> take 6-10 s, and no OpenMP flags are needed here.
