@@ -186,8 +186,8 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
         ]
         # In the namespaces a shell waits for the child and prints its exit status: unshare's
         # own status loses a child's death by signal (it exits 1), the shell's `$?` does not.
-        cmd = [*prefix, "/bin/sh", "-c", _REPORT_EXIT, "sh", *child] if prefix else child
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LC_ALL": "C.UTF-8"}
+        cmd = [*prefix, _shell(), "-c", _REPORT_EXIT, "sh", *child] if prefix else child
+        env = {"PATH": os.defpath, "HOME": str(work), "TMPDIR": str(work), "LC_ALL": "C.UTF-8"}
         start = time.perf_counter()
         with open(output, "wb") as out:
             proc = subprocess.Popen(
@@ -232,6 +232,13 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
     else:
         detail = f"exit status {rc}"
     return SandboxResult(False, "failed", detail, rc, seconds)
+
+
+def _shell() -> str:
+    sh = shutil.which("sh", path=os.defpath)
+    if sh is None:
+        raise SandboxUnavailable("no POSIX shell (sh) on the default PATH")
+    return sh
 
 
 def _wait_unreaped(pid: int, deadline: float) -> bool:
