@@ -13,6 +13,7 @@ import itertools
 import subprocess
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 
 from specserve.bench.inputs import BenchConfig, ClosedLoop, OpenLoop, SamplingConfig, WorkloadConfig
@@ -112,6 +113,22 @@ def test_split_frames_and_empty_chunks_and_usage_only_chunk() -> None:
         assert not last.has_choice and last.usage_completion_tokens == 10
         assert r.e2e_s is not None and r.e2e_s * 1e9 < last.t_ns - r.send_ns + 1
         assert r.finish_reason == "stop"  # 10 tokens < max_tokens
+
+
+def test_canned_reply_streams_and_answers_the_same_text() -> None:
+    reply = "    return sorted(x)\n\n"
+    with serve_in_thread(MockConfig(ttft_ms=1, itl_ms=1, reply=reply)) as server:
+        result = run_benchmark(spec(f"http://127.0.0.1:{server.port}"))
+        url = f"http://127.0.0.1:{server.port}/v1/completions"
+        whole = httpx.post(url, json={"prompt": "p", "max_tokens": 64}).json()
+        cut = httpx.post(url, json={"prompt": "p", "max_tokens": 2}).json()
+    for r in ok_records(result):
+        assert r.output_text == reply and r.num_tokens == 3 and r.finish_reason == "stop"
+    assert whole["choices"][0]["text"] == reply and whole["choices"][0]["finish_reason"] == "stop"
+    assert (
+        cut["choices"][0]["text"] == "    return "
+        and cut["choices"][0]["finish_reason"] == "length"
+    )
 
 
 def _prompt_of(r: RequestRecord) -> str:

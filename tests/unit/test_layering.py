@@ -6,8 +6,9 @@ must follow). Three rules:
 
 * no import cycle between modules (and so none between packages);
 * a package imports only from its own layer or the layers below it;
-* ``bench`` and ``report`` speak HTTP and files: they never import the engine, the server,
-  the models or the speculative code (``bench`` may load a tokenizer to count tokens).
+* ``bench``, ``report`` and ``quality`` speak HTTP and files: they never import the engine,
+  the server, the models or the speculative code (``bench`` may load a tokenizer to count
+  tokens).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         {"engine"},
         {"server"},
         {"bench"},
-        {"report"},
+        {"report", "quality"},
         {"experiment", "tune", "deploy", "perf"},
         {"commands"},
         {"cli"},
@@ -44,6 +45,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
 HTTP_ONLY: Mapping[str, frozenset[str]] = {
     "bench": frozenset({"bench", "loading"}),  # loading: the tokenizer of --tokenizer
     "report": frozenset({"report", "bench"}),
+    "quality": frozenset({"quality"}),  # HTTP to the endpoints; code runs in a subprocess
 }
 MAX_MODULE_LINES = 400
 

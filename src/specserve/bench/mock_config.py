@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -26,6 +27,14 @@ class MockConfig:
     spec_k: int = 0  # >0: expose vLLM spec-decode counters as if k tokens were drafted per step
     total_suffix: bool = True  # counters named ..._total (vLLM) or without the suffix
     model: str = "mock-model"
+    reply: str | None = None  # a canned answer: every request gets this text (its words and
+    # the whitespace after each are the tokens, capped by max_tokens) instead of token_text's
+
+    def reply_tokens(self) -> list[str] | None:
+        """The canned reply split into tokens that join back to it exactly (None: no reply)."""
+        if self.reply is None:
+            return None
+        return re.findall(r"\S+\s*|\s+", self.reply) or [""]
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:

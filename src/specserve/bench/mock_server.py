@@ -125,9 +125,15 @@ class MockServer:
         else:
             prompt = str(request.get("prompt", ""))
         max_tokens = int(request.get("max_tokens") or cfg.output_tokens)
-        num_tokens = min(cfg.output_tokens, max_tokens)
-        final_reason = "length" if num_tokens == max_tokens else "stop"
-        texts = [token_text(prompt, i) for i in range(num_tokens)]
+        canned = cfg.reply_tokens()
+        if canned is None:
+            num_tokens = min(cfg.output_tokens, max_tokens)
+            final_reason = "length" if num_tokens == max_tokens else "stop"
+            texts = [token_text(prompt, i) for i in range(num_tokens)]
+        else:  # the canned reply ends with a stop unless max_tokens cuts it
+            texts = canned[:max_tokens]
+            num_tokens = len(texts)
+            final_reason = "length" if len(canned) > max_tokens else "stop"
         obj = "chat.completion" if chat else "text_completion"
         if not request.get("stream"):
             text = "".join(texts)
@@ -289,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spec-k", type=int, default=0)
     p.add_argument("--stamp-send-time", action="store_true")
     p.add_argument("--model", default="mock-model")
+    p.add_argument("--reply", default=None, help="canned answer to every request")
     a = p.parse_args(argv)
     cfg = MockConfig(
         ttft_ms=a.ttft_ms,
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         spec_k=a.spec_k,
         stamp_send_time=a.stamp_send_time,
         model=a.model,
+        reply=a.reply,
     )
     logging.basicConfig(level=logging.INFO)
 

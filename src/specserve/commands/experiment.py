@@ -19,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Start two servers (baseline and speculative, identical otherwise) or use two "
             "running endpoints, benchmark them alternately on structured and open-ended "
-            "prompts at temperature 0, and write results, a comparison table and an HTML "
-            "report. With no CONFIG the embedded default study runs."
+            "prompts at temperature 0, check both arms' task accuracy (a HumanEval subset "
+            "run in a sandbox, generated exact-answer questions), and write results, a "
+            "comparison table and an HTML report. With no CONFIG the embedded default study "
+            "runs."
         ),
         config_help="experiment YAML (see docs/experiment.md)",
         run=run,

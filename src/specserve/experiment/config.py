@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specserve.bench.inputs import LlmperfConfig
 from specserve.config import WeightFormat
+from specserve.quality.config import QualityConfig
 from specserve.yaml_config import load_yaml_model
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -184,6 +185,11 @@ class ExperimentConfig(BaseModel):
     servers: ServersConfig | None = Field(default=None, description="Start two servers of ours.")
     endpoints: EndpointsConfig | None = Field(default=None, description="Or use running services.")
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    quality: QualityConfig | None = Field(
+        default_factory=QualityConfig,
+        description="Task-accuracy check of both arms after the benchmark (HumanEval subset "
+        "and generated exact-answer questions); null: none.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ExperimentConfig:

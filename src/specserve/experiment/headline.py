@@ -3,7 +3,9 @@
 Columns: median TPOT of both arms and its speedup with the bootstrap 95 % CI, median E2E and
 its speedup, the TTFT change (speculative/baseline median; ≈1.0 expected, as in the study),
 acceptance rate and mean acceptance length of the speculative arm (from /metrics deltas of
-that suite's run), the exact-match rate of outputs between arms and the sample counts.
+that suite's run), the exact-match rate of outputs between arms and the sample counts. When
+the quality check ran, one line per task follows: each arm's pass@1 with its 95 % CI and the
+paired difference with its CI.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ def headline_markdown(outcome: ExperimentOutcome) -> str:
     notes = [n for cmp in outcome.comparisons.values() for n in cmp.regressions]
     if notes:
         lines += ["", "Regressions flagged:", *[f"- {n}" for n in notes]]
+    if outcome.quality is not None:
+        lines += ["", outcome.quality.markdown().rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +95,10 @@ def headline_text(outcome: ExperimentOutcome) -> str:
     """Fixed-width table for the terminal."""
     table = [list(COLUMNS), *headline_rows(outcome)]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
+    if outcome.quality is not None:
+        text += "\n\n" + "\n".join(["quality (pass@1 [95 % CI]):", *outcome.quality.lines()])
+    return text
 
 
 def index_html(outcome: ExperimentOutcome) -> str:

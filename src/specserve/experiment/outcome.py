@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specserve.bench.compare import Comparison
 from specserve.bench.results import BenchResult
+from specserve.quality.results import QualityReport
 
 ARMS = ("baseline", "speculative")
 
@@ -22,8 +23,10 @@ class ExperimentOutcome:
         output_dir: the results folder.
         runs: (concurrency, suite) -> the two arms' results, in ARMS order.
         comparisons: (concurrency, suite) -> the baseline-vs-speculative comparison.
+        quality: the task-accuracy check of both arms (quality.json); None when not run.
     """
 
     output_dir: Path
     runs: dict[tuple[int, str], list[BenchResult]] = field(default_factory=dict)
     comparisons: dict[tuple[int, str], Comparison] = field(default_factory=dict)
+    quality: QualityReport | None = None

@@ -24,6 +24,7 @@ from specserve.bench.runner import run_ab
 from specserve.experiment.config import Endpoint, ExperimentConfig, ServersConfig
 from specserve.experiment.headline import headline_markdown, index_html
 from specserve.experiment.outcome import ARMS, ExperimentOutcome
+from specserve.quality import ArmEndpoint, check_quality, run_quality, write_quality
 from specserve.report.html import write_report
 from specserve.server.launcher import ServerProcess
 
@@ -131,6 +132,8 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     outcome = ExperimentOutcome(out)
+    if cfg.quality is not None:
+        check_quality(cfg.quality)  # a missing package fails here, before any server starts
     try:
         with ExitStack() as stack:
             if cfg.servers is not None:
@@ -166,6 +169,14 @@ def run_experiment(
                     (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
                     write_report(results, comparison, run_dir)
                     check_alive()  # a server that died during this run ends the experiment
+            if cfg.quality is not None:
+                on_status("quality check: the same tasks on both arms")
+                arms = {
+                    arm: ArmEndpoint(endpoints[arm].base_url, endpoints[arm].model) for arm in ARMS
+                }
+                outcome.quality = run_quality(cfg.quality, arms, on_status)
+                write_quality(outcome.quality, out / "quality.json")
+                check_alive()
     finally:
         if outcome.comparisons:  # keep the summary of every run that finished
             write_summary(outcome)
