@@ -197,3 +197,34 @@ def test_engine_batching_and_speculation_equal_plain(method: str) -> None:
         ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
         assert tokens_of(outs[rid]) == ref.token_ids, rid
     assert engine.stats().spec.num_drafts > 0
+
+
+def test_decoder_routes_short_forwards_through_an_installed_layer_runner() -> None:
+    """The hook ``enable`` uses (checked on any CPU): with a runner installed, forwards of at
+    most SHORT_FORWARD_ROWS tokens run the layers through it, longer ones stay eager, and
+    removing it restores the eager path."""
+    from specserve.models.decoder import SHORT_FORWARD_ROWS
+
+    model = make_tiny_model("qwen2", **SHAPE)
+    calls: list[int] = []
+
+    def eager_runner(m, x, cos, sin, meta, kv):  # type: ignore[no-untyped-def]
+        calls.append(x.shape[1])
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        mask = meta.attention_mask()
+        for layer in m.model.layers:
+            x = layer(x, cos, sin, meta, mask, kv)
+        return x
+
+    ids = [(7 * i + 3) % 90 for i in range(SHORT_FORWARD_ROWS + 5)]
+    plain = SingleSequenceCache(model, 64)
+    want = [plain.forward(ids[:4]), plain.forward(ids[4:])]
+    assert not model.fused_layers
+    model.layer_runner = eager_runner
+    assert model.fused_layers
+    hooked = SingleSequenceCache(model, 64)
+    got = [hooked.forward(ids[:4]), hooked.forward(ids[4:])]
+    assert calls == [4]  # the 17-token forward is longer than SHORT_FORWARD_ROWS: eager
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    fused_layer.disable(model)
+    assert model.layer_runner is None and not model.fused_layers
