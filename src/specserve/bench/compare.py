@@ -125,8 +125,18 @@ def bootstrap_ratio(
         ratios = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
     point_num, point_den = (c_med, b_med) if higher_is_better else (b_med, c_med)
     point = point_num / point_den if point_den > 0 else float("inf")
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return point, float(low), float(high)
+    # A resample whose denominator median is 0 (e.g. chunks stamped by one socket read: ITL 0)
+    # has an infinite ratio; interpolating between infinities gives NaN, so such a CI takes
+    # the nearest order statistics and an infinite bound is reported as unknown (None).
+    if np.isfinite(ratios).all():
+        low, high = np.percentile(ratios, [2.5, 97.5])
+    else:
+        low, high = np.percentile(ratios, [2.5, 97.5], method="nearest")
+    return point, _finite(low), _finite(high)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def _p(values: list[float], q: float) -> float | None:

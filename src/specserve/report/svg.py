@@ -188,7 +188,7 @@ def bar_chart(
     reference: float | None = None,
 ) -> str:
     """Grouped bars: ``bars[label][g] = (value, ci_low, ci_high)``; optional dashed line."""
-    vals = [v for s in bars.values() for t in s for v in t if v is not None]
+    vals = [v for s in bars.values() for t in s for v in t if v is not None and math.isfinite(v)]
     if not vals or not groups:
         return empty_chart(title, "no data")
     hi = max([*vals, reference or 0.0])
@@ -204,7 +204,7 @@ def bar_chart(
     for i, (label, s) in enumerate(bars.items()):
         color = PALETTE[i % len(PALETTE)]
         for g, (value, low, high) in enumerate(s):
-            if value is None:
+            if value is None or not math.isfinite(value):
                 continue
             x = LEFT + g * width + width * 0.1 + i * bw
             y = f.py(value)
@@ -212,7 +212,7 @@ def bar_chart(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.9:.1f}" '
                 f'height="{f.py(0) - y:.1f}" fill="{color}"/>'
             )
-            if low is not None and high is not None:
+            if low is not None and high is not None and math.isfinite(low + high):
                 cx = x + bw * 0.45
                 f.parts.append(
                     f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.py(low):.1f}" '
