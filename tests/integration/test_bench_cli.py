@@ -73,10 +73,16 @@ def test_bench_ab_sweep_then_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
             str(out / "candidate-c1" / "result.json"),
             "--output",
             str(tmp_path / "cmp"),
+            "--instance",
+            "p5.48xlarge",
         ]
     )
     assert rc == 0
-    assert "| c1 | * | itl_s |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| c1 | * | itl_s |" in printed
+    cost_row = next(ln for ln in printed.splitlines() if ln.startswith("| c1 | candidate |"))
+    assert "$" in cost_row and cost_row.rstrip(" |").endswith("]")  # $/1M and saving [CI]
+    assert "p5.48xlarge: $55.04/h" in (tmp_path / "cmp" / "report.md").read_text()
     assert (tmp_path / "cmp" / "report.html").is_file()
 
 
@@ -141,3 +147,14 @@ def test_compare_bad_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / "summary.json").write_text('{"label": "x"}')
     assert main(["compare", str(tmp_path / "summary.json")]) == 2
     assert "per-request records" in capsys.readouterr().err
+
+
+def test_bad_prices_are_refused_before_any_request(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["compare", "missing.json", "--instance", "m7.huge"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown instance 'm7.huge'; known: local, trn2.48xlarge" in err
+    # port 9 (discard) is never contacted: the price is checked first
+    rc = main(
+        ["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--price-per-hour", "-3"]
+    )
+    assert rc == 2 and "price per hour must be >= 0, got -3" in capsys.readouterr().err

@@ -96,16 +96,18 @@ def test_outcome_summary_and_no_quality_when_off(tmp_path: Path) -> None:
             _config(tmp_path, base.port, spec.port, {"humaneval": None, "exact": {"count": 2}})
         )
         outcome = run_experiment(cfg)
-        assert outcome.quality is not None
-        summary = outcome.quality.summary()
+        assert outcome.quality_report is not None
+        summary = outcome.quality_report.summary()
         assert set(summary) == {"exact"}
         entry = summary["exact"]
         assert entry["n"] == 2 and entry["delta"] == 0.0
         assert set(entry) == {"baseline", "speculative", "delta", "delta_ci95", "n"}
-        assert outcome.quality.tasks[0].identical == 2  # same canned text on both arms
+        assert outcome.quality_report.tasks[0].identical == 2  # same canned text on both arms
+        verdict = outcome.quality_of("structured")
+        assert verdict is not None and verdict.task == "exact" and verdict.delta == 0.0
         off = load_config(_config(tmp_path, base.port, spec.port, None))
         assert off.quality is None
-        assert run_experiment(off).quality is None
+        assert run_experiment(off).quality_report is None
     assert "Quality" not in (tmp_path / "out" / "headline.md").read_text()
 
 

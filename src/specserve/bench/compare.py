@@ -10,6 +10,8 @@ regression: the CI lies entirely below 1 and the speedup is below ``1 − min_ef
 Pairs: requests with the same request id and prompt id in both arms; over pairs that
     both succeeded, length parity = Σ n_candidate / Σ n_baseline, length match = share with
     equal n, exact match = share with identical output text.
+Cost: per load point, each arm's output tokens/s and $/1M output tokens at the given price,
+    and the candidate's saving with its bootstrap CI (:mod:`specserve.bench.cost`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
+from specserve.bench.cost import CostComparison, compare_cost
+from specserve.bench.pricing import Pricing
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import ALL, BenchResult
 from specserve.bench.scrape import Acceptance
@@ -77,6 +81,10 @@ class Comparison(BaseModel):
     acceptance: dict[str, dict[str, Acceptance]] = Field(description="load -> label -> stats.")
     throughput: dict[str, dict[str, float]] = Field(description="load -> label -> Σn/window.")
     regressions: list[str] = Field(description="Human-readable regression notes.")
+    pricing: Pricing | None = Field(default=None, description="Price per instance-hour used.")
+    cost: list[CostComparison] = Field(
+        default_factory=list, description="Per load point and candidate: cost per output token."
+    )
 
 
 def _bootstrap_medians(
@@ -125,8 +133,18 @@ def bootstrap_ratio(
         ratios = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
     point_num, point_den = (c_med, b_med) if higher_is_better else (b_med, c_med)
     point = point_num / point_den if point_den > 0 else float("inf")
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return point, float(low), float(high)
+    # A resample whose denominator median is 0 (e.g. chunks stamped by one socket read: ITL 0)
+    # has an infinite ratio; interpolating between infinities gives NaN, so such a CI takes
+    # the nearest order statistics and an infinite bound is reported as unknown (None).
+    if np.isfinite(ratios).all():
+        low, high = np.percentile(ratios, [2.5, 97.5])
+    else:
+        low, high = np.percentile(ratios, [2.5, 97.5], method="nearest")
+    return point, _finite(low), _finite(high)
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -212,10 +230,14 @@ def compare_category(
 
 
 def compare(
-    results: Sequence[BenchResult], baseline: str | None = None, seed: int = 0
+    results: Sequence[BenchResult],
+    baseline: str | None = None,
+    seed: int = 0,
+    pricing: Pricing | None = None,
 ) -> Comparison:
     """Compare every other arm with ``baseline`` (default: the first result's label),
-    per load point and category (``*`` = all categories)."""
+    per load point and category (``*`` = all categories), and their cost per output token
+    at ``pricing`` (the saving is reported without a price too: it does not depend on it)."""
     if not results:
         raise ValueError("nothing to compare")
     base_label = baseline or results[0].label
@@ -227,7 +249,7 @@ def compare(
         arms[r.label] = r
     if not any(base_label in arms for arms in loads.values()):
         raise ValueError(f"no result labelled {base_label!r}")
-    rows, notes = [], []
+    rows, notes, costs = [], [], []
     for load, arms in loads.items():
         if base_label not in arms:
             continue
@@ -237,6 +259,7 @@ def compare(
                 continue
             if base.manifest.prompt_set_hash != cand.manifest.prompt_set_hash:
                 notes.append(f"{load}: {label} ran a different prompt set than {base_label}")
+            costs.append(compare_cost(load, base, cand, pricing, seed))
             cats = [ALL, *sorted({r.category for r in base.measured()} - {ALL})]
             for cat in cats:
                 row = compare_category(load, cat, base, cand, seed)
@@ -261,4 +284,6 @@ def compare(
             for ld, arms in loads.items()
         },
         regressions=notes,
+        pricing=pricing,
+        cost=costs,
     )

@@ -21,10 +21,12 @@ from specserve.bench import (
     run_ab,
     save_result,
 )
+from specserve.bench.pricing import Pricing
 from specserve.bench.suites import suite_names
+from specserve.commands.pricing_args import add_pricing_arguments, pricing_from_args
 from specserve.report.html import write_report
 from specserve.report.markdown import md_table
-from specserve.report.tables import RUN_HEADER, run_rows
+from specserve.report.tables import COST_HEADER, RUN_HEADER, cost_rows, run_rows
 
 
 def _ints(text: str) -> list[int]:
@@ -90,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="A/B: measured requests per arm batch (default: 4 × concurrency)",
     )
     load.add_argument("--max-drift", type=float, default=0.05)
+    add_pricing_arguments(p)
     p.add_argument("--output", help="output directory (default bench-results/<UTC time>)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
@@ -178,6 +181,7 @@ def build_bench_configs(args: argparse.Namespace) -> list[list[BenchConfig]]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        pricing: Pricing | None = pricing_from_args(args)
         load_points = build_bench_configs(args)
     except (ValueError, ValidationError) as e:
         print(f"specserve bench: error: {e}", file=sys.stderr)
@@ -204,11 +208,13 @@ def run(args: argparse.Namespace) -> int:
         for r in point:
             save_result(r, out / f"{r.label}-{r.load_name}")
         results += point
-    comparison = compare(results) if len(load_points[0]) > 1 else None
+    comparison = compare(results, pricing=pricing) if len(load_points[0]) > 1 else None
     if comparison is not None:
         (out / "comparison.json").write_text(comparison.model_dump_json(indent=1))
-    paths = write_report(results, comparison, out)
+    paths = write_report(results, comparison, out, pricing)
     print(md_table(RUN_HEADER, run_rows(results)))
+    print()
+    print(md_table(COST_HEADER, cost_rows(results, comparison, pricing)))
     for r in results:
         if r.load_check.flagged:
             print(

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from specserve.bench.compare import compare
 from specserve.bench.results import load_result
+from specserve.commands.pricing_args import add_pricing_arguments, pricing_from_args
 from specserve.report.html import write_report
 from specserve.report.markdown import md_table
-from specserve.report.tables import COMPARE_HEADER, compare_rows
+from specserve.report.tables import COMPARE_HEADER, COST_HEADER, compare_rows, cost_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,17 +27,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", default="compare-report", help="report directory")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    add_pricing_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        pricing = pricing_from_args(args)
         results = [load_result(p) for p in args.results]
         if args.relabel:
             for path, r in zip(args.results, results, strict=True):
                 p = Path(path)
                 r.label = (p if p.is_dir() else p.parent).name
-        comparison = compare(results, baseline=args.baseline, seed=args.seed)
+        comparison = compare(results, baseline=args.baseline, seed=args.seed, pricing=pricing)
     except ValueError as e:
         print(f"specserve compare: error: {e}", file=sys.stderr)
         return 2
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     paths = write_report(results, comparison, out)
     (out / "comparison.json").write_text(comparison.model_dump_json(indent=1))
     print(md_table(COMPARE_HEADER, compare_rows(comparison)))
+    print()
+    print(md_table(COST_HEADER, cost_rows(results, comparison, pricing)))
     for note in comparison.regressions:
         print(f"REGRESSION: {note}")
     print(f"report: {paths['html']}")

@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.bench.inputs import LlmperfConfig
+from specserve.bench.inputs import ClosedLoop, LlmperfConfig, LoadShape, OpenLoop
+from specserve.bench.pricing import Pricing, resolve_pricing
 from specserve.config import WeightFormat
 from specserve.quality.config import QualityConfig
 from specserve.yaml_config import load_yaml_model
@@ -154,8 +155,16 @@ class BenchmarkConfig(BaseModel):
     )
     endpoint: Literal["chat", "completions"] = Field(default="chat", description="API used.")
     concurrency: tuple[int, ...] = Field(
-        default=(1,), min_length=1, description="Closed-loop concurrency levels (each a run)."
+        default=(1,),
+        description="Closed-loop concurrency levels (each a run); default [1] unless rates "
+        "are given.",
     )
+    rates: tuple[float, ...] = Field(
+        default=(),
+        description="Open-loop request rates (requests/s, seeded Poisson arrivals), each a run: "
+        "the throughput-latency sweep.",
+    )
+    arrival_seed: int = Field(default=0, description="Seed of the Poisson arrivals of rates.")
     num_requests: int = Field(default=8, ge=1, description="Measured requests per arm and level.")
     warmup_requests: int = Field(default=1, ge=0, description="Per arm, excluded from results.")
     batch_size: int = Field(
@@ -169,9 +178,63 @@ class BenchmarkConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> BenchmarkConfig:
+        if self.rates and "concurrency" not in self.model_fields_set:
+            object.__setattr__(self, "concurrency", ())  # a rate sweep alone
         if any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        if any(not 0 < r <= 100_000 for r in self.rates):
+            raise ValueError(f"rates must be in (0, 100000] requests/s, got {self.rates}")
+        if not self.concurrency and not self.rates:
+            raise ValueError("give at least one load point (concurrency or rates)")
+        if len(set(self.concurrency)) < len(self.concurrency) or len(set(self.rates)) < len(
+            self.rates
+        ):
+            raise ValueError("concurrency levels and rates must not repeat")
         return self
+
+    def load_points(self) -> list[tuple[str, LoadShape]]:
+        """(name, load) of every run, lowest load first: c<N> closed loops, then r<R> rates."""
+        points: list[tuple[str, LoadShape]] = [
+            (f"c{c}", ClosedLoop(concurrency=c)) for c in sorted(self.concurrency)
+        ]
+        points += [
+            (f"r{r:g}", OpenLoop(rate_rps=r, arrival="poisson", seed=self.arrival_seed))
+            for r in sorted(self.rates)
+        ]
+        return points
+
+
+class CostConfig(BaseModel):
+    """Price of one instance-hour (each arm runs on one instance) for $/1M output tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    instance: str | None = Field(
+        default=None, description="Preset: local, trn2.48xlarge, trn1.32xlarge, ... (docs)."
+    )
+    price_per_hour: float | None = Field(default=None, description="USD per instance-hour.")
+    watts: float | None = Field(default=None, description="Average power draw (energy).")
+    price_per_kwh: float | None = Field(default=None, description="USD per kWh (energy).")
+    instances_per_arm: float = Field(
+        default=1.0, description="Instances one arm occupies (0.5: both arms share one)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CostConfig:
+        if self.instance is None and self.price_per_hour is None and self.watts is None:
+            raise ValueError("cost: give instance or price_per_hour")
+        self.pricing()  # unknown preset, negative price: refused here, with the reason
+        return self
+
+    def pricing(self) -> Pricing:
+        pricing = resolve_pricing(
+            self.instance,
+            self.price_per_hour,
+            self.watts,
+            self.price_per_kwh,
+            self.instances_per_arm,
+        )
+        assert pricing is not None
+        return pricing
 
 
 class ExperimentConfig(BaseModel):
@@ -190,6 +253,11 @@ class ExperimentConfig(BaseModel):
         description="Task-accuracy check of both arms after the benchmark (HumanEval subset "
         "and generated exact-answer questions); null: none.",
     )
+    cost: CostConfig | None = Field(
+        default=None,
+        description="Price per instance-hour; default: 'local' (0) when we start the servers, "
+        "none for endpoints (the saving is reported either way).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ExperimentConfig:
@@ -198,6 +266,12 @@ class ExperimentConfig(BaseModel):
         if self.servers is None and self.endpoints is None:
             object.__setattr__(self, "servers", ServersConfig())
         return self
+
+    def pricing(self) -> Pricing | None:
+        """The price of one arm's instance-hour, or None (endpoints without a cost block)."""
+        if self.cost is not None:
+            return self.cost.pricing()
+        return resolve_pricing("local") if self.servers is not None else None
 
 
 def load_config(path: str | Path | None) -> ExperimentConfig:

@@ -1,24 +1,25 @@
-"""The experiment's headline table (Markdown): one row per concurrency level and category.
+"""The experiment's headline table (Markdown): one row per load point and category.
 
-Columns: median TPOT of both arms and its speedup with the bootstrap 95 % CI, median E2E and
-its speedup, the TTFT change (speculative/baseline median; ≈1.0 expected, as in the study),
-acceptance rate and mean acceptance length of the speculative arm (from /metrics deltas of
-that suite's run), the exact-match rate of outputs between arms and the sample counts. When
-the quality check ran, one line per task follows: each arm's pass@1 with its 95 % CI and the
-paired difference with its CI.
+Columns: the load (a concurrency N, or rR for Poisson arrivals at R requests/s), median TPOT of
+both arms and its speedup with the bootstrap 95 % CI, median E2E and its speedup, the TTFT
+change (speculative/baseline median; ≈1.0 expected, as in the study), acceptance rate and mean
+acceptance length of the speculative arm (from /metrics deltas of that suite's run), the exact-
+match rate of outputs between arms, the sample counts, and on each suite's all-category row the
+cost: each arm's output tokens/s and $/1M output tokens, and the saving with its CI. When the
+quality check ran, one line per task follows: each arm's pass@1 with its 95 % CI and the paired
+difference with its CI.
 """
 
 from __future__ import annotations
 
-from html import escape
-from pathlib import Path
-
 from specserve.bench.compare import CategoryComparison, MetricComparison
 from specserve.bench.results import ALL
 from specserve.experiment.outcome import ExperimentOutcome
+from specserve.experiment.verdict import quality_text, suite_verdicts
+from specserve.report.tables import saving, usd
 
 COLUMNS = (
-    "conc",
+    "load",
     "category",
     "TPOT base ms",
     "TPOT spec ms",
@@ -31,7 +32,15 @@ COLUMNS = (
     "accept len",
     "exact match",
     "n (base/spec)",
+    "tok/s base/spec",
+    "$/1M tok base/spec",
+    "cost saving [95% CI]",
 )
+
+
+def load_label(load: str) -> str:
+    """``c4`` -> ``4`` (the concurrency), ``r0.5`` stays (a rate in requests/s)."""
+    return load[1:] if load.startswith("c") else load
 
 
 def _metric(row: CategoryComparison, name: str) -> MetricComparison | None:
@@ -45,14 +54,16 @@ def _fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
 def _speedup(m: MetricComparison | None) -> str:
     if m is None or m.speedup is None:
         return "–"
-    ci = "" if m.ci_low is None or m.ci_high is None else f" [{m.ci_low:.2f}, {m.ci_high:.2f}]"
+    ci = "" if m.ci_low is None and m.ci_high is None else f" [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]"
     return f"{m.speedup:.2f}×{ci}"
 
 
 def headline_rows(outcome: ExperimentOutcome) -> list[list[str]]:
     rows = []
-    for (conc, suite), cmp in outcome.comparisons.items():
-        acc = cmp.acceptance.get(f"c{conc}", {}).get("speculative")
+    pricing = outcome.pricing
+    for (load, suite), cmp in outcome.comparisons.items():
+        acc = cmp.acceptance.get(load, {}).get("speculative")
+        cost = next((c for c in cmp.cost if c.load == load), None)
         for row in cmp.rows:
             tpot, e2e, ttft = _metric(row, "tpot_s"), _metric(row, "e2e_s"), _metric(row, "ttft_s")
             ttft_change = (
@@ -60,9 +71,18 @@ def headline_rows(outcome: ExperimentOutcome) -> list[list[str]]:
                 if ttft and ttft.candidate_p50 and ttft.baseline_p50
                 else None
             )
+            cost_cells = ["", "", ""]
+            if cost is not None and row.category == ALL:
+                cost_cells = [
+                    f"{cost.baseline_tps:.2f}/{cost.candidate_tps:.2f}",
+                    f"{usd(cost.baseline_usd_per_mtok)}/{usd(cost.candidate_usd_per_mtok)}"
+                    if pricing
+                    else "–",
+                    saving(cost.saving, cost.ci_low, cost.ci_high),
+                ]
             rows.append(
                 [
-                    str(conc),
+                    load_label(load),
                     f"{suite} (all)" if row.category == ALL else row.category,
                     _fmt(tpot.baseline_p50 if tpot else None, 1e3, 1),
                     _fmt(tpot.candidate_p50 if tpot else None, 1e3, 1),
@@ -75,19 +95,34 @@ def headline_rows(outcome: ExperimentOutcome) -> list[list[str]]:
                     _fmt(acc.mean_acceptance_length if acc else None),
                     _fmt(row.exact_match_rate),
                     f"{row.num_requests_baseline}/{row.num_requests_candidate}",
+                    *cost_cells,
                 ]
             )
     return rows
 
 
+def summary_lines(outcome: ExperimentOutcome) -> list[str]:
+    """Each suite's verdict and quality check, and the price the costs assume."""
+    lines = []
+    for v in suite_verdicts(outcome):
+        lines.append(
+            f"Verdict ({v.suite}): {v.headline}: {v.reason}; as load rises: {v.crossover.text()}; "
+            f"quality: {quality_text(v.quality)}"
+        )
+    p = outcome.pricing
+    lines.append(f"Price per instance-hour: {p.describe()}." if p else "No price: no $/1M.")
+    return lines
+
+
 def headline_markdown(outcome: ExperimentOutcome) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in headline_rows(outcome)]
+    lines += ["", *summary_lines(outcome)]
     notes = [n for cmp in outcome.comparisons.values() for n in cmp.regressions]
     if notes:
         lines += ["", "Regressions flagged:", *[f"- {n}" for n in notes]]
-    if outcome.quality is not None:
-        lines += ["", outcome.quality.markdown().rstrip("\n")]
+    if outcome.quality_report is not None:
+        lines += ["", outcome.quality_report.markdown().rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -96,35 +131,7 @@ def headline_text(outcome: ExperimentOutcome) -> str:
     table = [list(COLUMNS), *headline_rows(outcome)]
     widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table)
-    if outcome.quality is not None:
-        text += "\n\n" + "\n".join(["quality (pass@1 [95 % CI]):", *outcome.quality.lines()])
+    text += "\n\n" + "\n".join(summary_lines(outcome))
+    if outcome.quality_report is not None:
+        text += "\n\n" + "\n".join(["quality (pass@1 [95 % CI]):", *outcome.quality_report.lines()])
     return text
-
-
-def index_html(outcome: ExperimentOutcome) -> str:
-    """The results folder's report.html: the headline table, then each run's own report
-    (runs/c<concurrency>/<suite>/report.html, self-contained) embedded below it."""
-    head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
-        for row in headline_rows(outcome)
-    )
-    cells = []
-    for conc, suite in outcome.comparisons:
-        rel = f"runs/c{conc}/{Path(suite).stem}/report.html"
-        cells.append(
-            f"<h2>Suite {escape(suite)}, concurrency {conc}</h2>"
-            f"<p><a href='{escape(rel)}'>{escape(rel)}</a></p>"
-            f"<iframe src='{escape(rel)}' title='{escape(suite)} c{conc}'></iframe>"
-        )
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        "<title>specserve experiment</title><style>"
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-        "iframe{width:100%;height:1400px;border:1px solid #ccc}</style></head><body>"
-        "<h1>specserve experiment: baseline vs speculative</h1>"
-        "<p>TPOT speedup = median baseline TPOT / median speculative TPOT, bootstrap 95 % CI; "
-        "acceptance from the speculative server's /metrics deltas over that suite's run.</p>"
-        f"<table><tr>{head}</tr>{body}</table>" + "".join(cells) + "</body></html>"
-    )

@@ -1,8 +1,11 @@
 """Run the A/B experiment: start (or find) both arms, benchmark them alternately, report.
 
-Each (concurrency, suite) pair is one A/B run, so the acceptance counters scraped around it
-belong to that suite alone. Results are written as soon as each run ends: a failure or Ctrl-C
-later keeps everything collected before it.
+Each (load point, suite) pair is one A/B run, so the acceptance counters scraped around it
+belong to that suite alone. A load point is a closed-loop concurrency (arms alternate every
+``batch_size`` requests, ABBA) or an open-loop Poisson rate (each arm runs its requests as one
+batch on the same arrival schedule, since arrivals cannot be interleaved request by request;
+which arm goes first alternates from one rate to the next). Results are written as soon as
+each run ends: a failure or Ctrl-C later keeps everything collected before it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,19 @@ import httpx
 import yaml
 
 from specserve.bench.compare import compare
-from specserve.bench.inputs import BenchConfig, ClosedLoop, SamplingConfig, WorkloadConfig
-from specserve.bench.results import save_result
+from specserve.bench.inputs import (
+    BenchConfig,
+    ClosedLoop,
+    LoadShape,
+    SamplingConfig,
+    WorkloadConfig,
+)
+from specserve.bench.results import BenchResult, save_result
 from specserve.bench.runner import run_ab
 from specserve.experiment.config import Endpoint, ExperimentConfig, ServersConfig
-from specserve.experiment.headline import headline_markdown, index_html
-from specserve.experiment.outcome import ARMS, ExperimentOutcome
+from specserve.experiment.headline import headline_markdown
+from specserve.experiment.outcome import ALL_SUITES, ARMS, ExperimentOutcome, quality_summary
+from specserve.experiment.report_page import index_html
 from specserve.quality import ArmEndpoint, check_quality, run_quality, write_quality
 from specserve.report.html import write_report
 from specserve.server.launcher import ServerProcess
@@ -97,7 +107,7 @@ def served_model(base_url: str) -> str:
 
 
 def bench_configs(
-    cfg: ExperimentConfig, endpoints: dict[str, Endpoint], concurrency: int, suite: str
+    cfg: ExperimentConfig, endpoints: dict[str, Endpoint], load: LoadShape, suite: str
 ) -> list[BenchConfig]:
     b = cfg.benchmark
     return [
@@ -113,7 +123,7 @@ def bench_configs(
                 ignore_eos=b.ignore_eos,
                 temperature=b.temperature,
             ),
-            load=ClosedLoop(concurrency=concurrency),
+            load=load,
             num_requests=b.num_requests,
             warmup_requests=b.warmup_requests,
             metrics_url=endpoints[arm].metrics_url,
@@ -131,7 +141,7 @@ def run_experiment(
     out = default_output_dir(cfg.name, cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    outcome = ExperimentOutcome(out)
+    outcome = ExperimentOutcome(out, pricing=cfg.pricing())
     if cfg.quality is not None:
         check_quality(cfg.quality)  # a missing package fails here, before any server starts
     try:
@@ -152,30 +162,27 @@ def run_experiment(
                 def check_alive() -> None:
                     pass  # services we did not start are not ours to watch
 
-            for concurrency in cfg.benchmark.concurrency:
+            for index, (load_name, load) in enumerate(cfg.benchmark.load_points()):
                 for suite in cfg.benchmark.suites:
-                    key = (concurrency, suite)
-                    on_status(f"benchmarking suite {suite!r} at concurrency {concurrency}")
-                    results = run_ab(
-                        bench_configs(cfg, endpoints, concurrency, suite),
-                        batch_size=cfg.benchmark.batch_size,
-                    )
-                    run_dir = out / "runs" / f"c{concurrency}" / Path(suite).stem
+                    on_status(f"benchmarking suite {suite!r} at load {load_name}")
+                    results = _run_point(cfg, endpoints, load, suite, index)
+                    run_dir = out / "runs" / load_name / Path(suite).stem
                     for r in results:
                         save_result(r, run_dir / r.label)
-                    outcome.runs[key] = results
-                    comparison = compare(results, baseline="baseline")
-                    outcome.comparisons[key] = comparison
+                    outcome.runs[(load_name, suite)] = results
+                    comparison = compare(results, baseline="baseline", pricing=outcome.pricing)
+                    outcome.comparisons[(load_name, suite)] = comparison
                     (run_dir / "comparison.json").write_text(comparison.model_dump_json(indent=1))
-                    write_report(results, comparison, run_dir)
+                    write_report(results, comparison, run_dir, outcome.pricing)
                     check_alive()  # a server that died during this run ends the experiment
             if cfg.quality is not None:
                 on_status("quality check: the same tasks on both arms")
                 arms = {
                     arm: ArmEndpoint(endpoints[arm].base_url, endpoints[arm].model) for arm in ARMS
                 }
-                outcome.quality = run_quality(cfg.quality, arms, on_status)
-                write_quality(outcome.quality, out / "quality.json")
+                outcome.quality_report = run_quality(cfg.quality, arms, on_status)
+                outcome.quality[ALL_SUITES] = quality_summary(outcome.quality_report)
+                write_quality(outcome.quality_report, out / "quality.json")
                 check_alive()
     finally:
         if outcome.comparisons:  # keep the summary of every run that finished
@@ -183,11 +190,23 @@ def run_experiment(
     return outcome
 
 
+def _run_point(
+    cfg: ExperimentConfig, endpoints: dict[str, Endpoint], load: LoadShape, suite: str, index: int
+) -> list[BenchResult]:
+    """Both arms at one load point, returned in ARMS order (see the module docstring)."""
+    specs = bench_configs(cfg, endpoints, load, suite)
+    if isinstance(load, ClosedLoop):
+        return run_ab(specs, batch_size=cfg.benchmark.batch_size)
+    order = specs if index % 2 == 0 else specs[::-1]
+    results = run_ab(order, batch_size=cfg.benchmark.num_requests)
+    return sorted(results, key=lambda r: ARMS.index(r.label))
+
+
 def write_summary(outcome: ExperimentOutcome) -> None:
-    """comparison.json (all runs) and headline.md in the results folder."""
+    """comparison.json (all runs), headline.md and report.html in the results folder."""
     all_rows = {
-        f"c{c}/{suite}": json.loads(cmp.model_dump_json())
-        for (c, suite), cmp in outcome.comparisons.items()
+        f"{load}/{suite}": json.loads(cmp.model_dump_json())
+        for (load, suite), cmp in outcome.comparisons.items()
     }
     (outcome.output_dir / "comparison.json").write_text(json.dumps(all_rows, indent=1))
     (outcome.output_dir / "headline.md").write_text(headline_markdown(outcome))

@@ -2,7 +2,9 @@
 
 One line per result (arm × load point) and category, with dimensions Variant (arm label),
 TestCase (category, ``all`` for every category) and Concurrency (or ``rate=<r>``), so the
-lines can be shipped by any log agent and turn into CloudWatch metrics.
+lines can be shipped by any log agent and turn into CloudWatch metrics. With a price, the
+``all`` line of each result carries CostPerMillionOutputTokens (USD) and PricePerHour; with a
+comparison, each candidate's ``all`` line carries CostSaving and its CI bounds (fractions).
 """
 
 from __future__ import annotations
@@ -11,12 +13,20 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from specserve.bench.compare import Comparison
+from specserve.bench.pricing import Pricing
 from specserve.bench.results import ALL, BenchResult
 
 NAMESPACE = "specserve/bench"
 
 
-def emf_lines(results: Sequence[BenchResult], timestamp_ms: int) -> list[str]:
+def emf_lines(
+    results: Sequence[BenchResult],
+    timestamp_ms: int,
+    pricing: Pricing | None = None,
+    comparison: Comparison | None = None,
+) -> list[str]:
+    savings = {(c.load, c.candidate): c for c in comparison.cost} if comparison else {}
     lines = []
     for r in results:
         for cat, s in r.summary.items():
@@ -39,6 +49,15 @@ def emf_lines(results: Sequence[BenchResult], timestamp_ms: int) -> list[str]:
                     values["AcceptanceRate"] = (r.acceptance.acceptance_rate, "None")
                 if r.acceptance.mean_acceptance_length is not None:
                     values["MeanAcceptanceLength"] = (r.acceptance.mean_acceptance_length, "None")
+                if pricing is not None:
+                    cost = pricing.usd_per_million(r.output_throughput_tps)
+                    values["CostPerMillionOutputTokens"] = (cost, "None")
+                    values["PricePerHour"] = (pricing.hourly_usd, "None")
+                saved = savings.get((r.load_name, r.label))
+                if saved is not None:
+                    values["CostSaving"] = (saved.saving, "None")
+                    values["CostSavingCILow"] = (saved.ci_low, "None")
+                    values["CostSavingCIHigh"] = (saved.ci_high, "None")
             present = {k: v for k, v in values.items() if v[0] is not None}
             conc = str(r.concurrency) if r.concurrency is not None else f"rate={r.rate_rps:g}"
             doc: dict = {
@@ -61,7 +80,13 @@ def emf_lines(results: Sequence[BenchResult], timestamp_ms: int) -> list[str]:
     return lines
 
 
-def write_emf(results: Sequence[BenchResult], path: str | Path, timestamp_ms: int) -> Path:
+def write_emf(
+    results: Sequence[BenchResult],
+    path: str | Path,
+    timestamp_ms: int,
+    pricing: Pricing | None = None,
+    comparison: Comparison | None = None,
+) -> Path:
     p = Path(path)
-    p.write_text("\n".join(emf_lines(results, timestamp_ms)) + "\n")
+    p.write_text("\n".join(emf_lines(results, timestamp_ms, pricing, comparison)) + "\n")
     return p

@@ -16,18 +16,22 @@ from html import escape
 from pathlib import Path
 
 from specserve.bench.compare import Comparison
+from specserve.bench.pricing import Pricing
 from specserve.bench.records import RequestRecord
 from specserve.bench.results import BenchResult
 from specserve.report.emf import write_emf
 from specserve.report.markdown import write_markdown
 from specserve.report.svg import bar_chart, ecdf_chart, empty_chart, step_chart
 from specserve.report.tables import (
+    ARM_NOTE,
     CATEGORY_HEADER,
     COMPARE_HEADER,
+    COST_HEADER,
     PARITY_HEADER,
     RUN_HEADER,
     category_rows,
     compare_rows,
+    cost_rows,
     parity_rows,
     run_rows,
 )
@@ -171,10 +175,28 @@ def _acceptance(results: Sequence[BenchResult]) -> str:
     )
 
 
-def render_html(results: Sequence[BenchResult], comparison: Comparison | None) -> str:
+def cost_note(pricing: Pricing | None) -> str:
+    """What the $/1M figures assume (shared by the reports)."""
+    if pricing is None:
+        return (
+            "No price given (--price-per-hour or --instance): $/1M not computed. The saving "
+            "does not depend on the price (both arms pay the same per instance-hour)."
+        )
+    return (
+        f"Price per instance-hour: {pricing.describe()}. {ARM_NOTE} "
+        "$/1M = price per hour / 3600 / (output tok/s) × 1e6; saving = 1 − cost ratio, "
+        "bootstrap 95 % CI (docs/metrics.md, Cost)."
+    )
+
+
+def render_html(
+    results: Sequence[BenchResult], comparison: Comparison | None, pricing: Pricing | None = None
+) -> str:
     """The whole report as one HTML string."""
     if not results:
         raise ValueError("no results to report")
+    if pricing is None and comparison is not None:
+        pricing = comparison.pricing
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     sections = [
         f"<h1>specserve benchmark report</h1><p>Generated {when}. Latencies in ms. "
@@ -182,6 +204,8 @@ def render_html(results: Sequence[BenchResult], comparison: Comparison | None) -
         "token per chunk) is shown only for comparison with published llmperf results.</p>",
         "<h2>Runs</h2>" + _table(RUN_HEADER, run_rows(results)),
         "<h2>Per category</h2>" + _table(CATEGORY_HEADER, category_rows(results)),
+        f"<h2>Cost per output token</h2><p>{escape(cost_note(pricing))}</p>"
+        + _table(COST_HEADER, cost_rows(results, comparison, pricing)),
     ]
     if comparison is not None:
         notes = "".join(f"<li>{escape(n)}</li>" for n in comparison.regressions) or "<li>none</li>"
@@ -209,15 +233,24 @@ def render_html(results: Sequence[BenchResult], comparison: Comparison | None) -
 
 
 def write_report(
-    results: Sequence[BenchResult], comparison: Comparison | None, directory: str | Path
+    results: Sequence[BenchResult],
+    comparison: Comparison | None,
+    directory: str | Path,
+    pricing: Pricing | None = None,
 ) -> dict[str, Path]:
-    """Write report.html, report.md and emf.jsonl into ``directory``; returns their paths."""
+    """Write report.html, report.md and emf.jsonl into ``directory``; returns their paths.
+
+    ``pricing`` (default: the comparison's) prices the output tokens of every arm.
+    """
+    if pricing is None and comparison is not None:
+        pricing = comparison.pricing
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     html = out / "report.html"
-    html.write_text(render_html(results, comparison), encoding="utf-8")
+    html.write_text(render_html(results, comparison, pricing), encoding="utf-8")
+    now_ms = int(time.time() * 1000)
     return {
         "html": html,
-        "markdown": write_markdown(results, comparison, out / "report.md"),
-        "emf": write_emf(results, out / "emf.jsonl", int(time.time() * 1000)),
+        "markdown": write_markdown(results, comparison, out / "report.md", pricing),
+        "emf": write_emf(results, out / "emf.jsonl", now_ms, pricing, comparison),
     }

@@ -6,8 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.bench.compare import Comparison
+from specserve.bench.pricing import Pricing
 from specserve.bench.results import BenchResult
 from specserve.report import tables
+from specserve.report.tables import ARM_NOTE
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -22,8 +24,12 @@ def _section(title: str, *body: str) -> list[str]:
     return [f"## {title}", "", *body, ""]
 
 
-def render_markdown(results: Sequence[BenchResult], comparison: Comparison | None) -> str:
+def render_markdown(
+    results: Sequence[BenchResult], comparison: Comparison | None, pricing: Pricing | None = None
+) -> str:
     """The Markdown report; latencies in ms, definitions in docs/metrics.md."""
+    if pricing is None and comparison is not None:
+        pricing = comparison.pricing
     out = [
         "# specserve benchmark report",
         "",
@@ -33,6 +39,12 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
         "",
         *_section("Runs", md_table(tables.RUN_HEADER, tables.run_rows(results))),
         *_section("Per category", md_table(tables.CATEGORY_HEADER, tables.category_rows(results))),
+        *_section(
+            "Cost per output token",
+            _cost_note(pricing),
+            "",
+            md_table(tables.COST_HEADER, tables.cost_rows(results, comparison, pricing)),
+        ),
     ]
     acc_rows = [
         [r.label, r.load_name, ", ".join(tables.num(a) for a in r.acceptance.per_position) or "–"]
@@ -60,9 +72,18 @@ def render_markdown(results: Sequence[BenchResult], comparison: Comparison | Non
     return "\n".join(out)
 
 
+def _cost_note(pricing: Pricing | None) -> str:
+    if pricing is None:
+        return "No price given: $/1M not computed (the saving does not depend on the price)."
+    return f"Price per instance-hour: {pricing.describe()}. {ARM_NOTE}"
+
+
 def write_markdown(
-    results: Sequence[BenchResult], comparison: Comparison | None, path: str | Path
+    results: Sequence[BenchResult],
+    comparison: Comparison | None,
+    path: str | Path,
+    pricing: Pricing | None = None,
 ) -> Path:
     p = Path(path)
-    p.write_text(render_markdown(results, comparison))
+    p.write_text(render_markdown(results, comparison, pricing))
     return p

@@ -1,4 +1,5 @@
-"""Inline SVG charts (no JavaScript, no network): ECDFs, step/line plots, bar charts.
+"""Inline SVG charts (no JavaScript, no network): ECDFs, step/line plots, bar charts,
+x-y curves with a marked x position, scatter plots.
 
 Each function returns one ``<svg>`` element as a string. Coordinates: a plot area of
 ``W × H`` pixels inside margins; linear or log10 x scale; "nice" ticks (1, 2, 5 × 10^k).
@@ -106,12 +107,15 @@ class _Frame:
     def py(self, y: float) -> float:
         return H - BOTTOM - (y - self.y0) / (self.y1 - self.y0) * (H - TOP - BOTTOM)
 
-    def legend(self, label: str, color: str) -> None:
+    def legend(self, label: str, color: str, dashed: bool = False) -> None:
         x, y = W - RIGHT + 8, self.legend_y
-        self.parts.append(
-            f'<rect x="{x}" y="{y}" width="12" height="8" fill="{color}"/>'
-            f'<text x="{x + 16}" y="{y + 8}">{escape(label[:22])}</text>'
+        mark = (
+            f'<line x1="{x}" y1="{y + 4}" x2="{x + 12}" y2="{y + 4}" stroke="{color}" '
+            'stroke-width="2" stroke-dasharray="3 2"/>'
+            if dashed
+            else f'<rect x="{x}" y="{y}" width="12" height="8" fill="{color}"/>'
         )
+        self.parts.append(f'{mark}<text x="{x + 16}" y="{y + 8}">{escape(label[:22])}</text>')
         self.legend_y += 14
 
     def svg(self) -> str:
@@ -188,7 +192,7 @@ def bar_chart(
     reference: float | None = None,
 ) -> str:
     """Grouped bars: ``bars[label][g] = (value, ci_low, ci_high)``; optional dashed line."""
-    vals = [v for s in bars.values() for t in s for v in t if v is not None]
+    vals = [v for s in bars.values() for t in s for v in t if v is not None and math.isfinite(v)]
     if not vals or not groups:
         return empty_chart(title, "no data")
     hi = max([*vals, reference or 0.0])
@@ -204,7 +208,7 @@ def bar_chart(
     for i, (label, s) in enumerate(bars.items()):
         color = PALETTE[i % len(PALETTE)]
         for g, (value, low, high) in enumerate(s):
-            if value is None:
+            if value is None or not math.isfinite(value):
                 continue
             x = LEFT + g * width + width * 0.1 + i * bw
             y = f.py(value)
@@ -212,7 +216,7 @@ def bar_chart(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.9:.1f}" '
                 f'height="{f.py(0) - y:.1f}" fill="{color}"/>'
             )
-            if low is not None and high is not None:
+            if low is not None and high is not None and math.isfinite(low + high):
                 cx = x + bw * 0.45
                 f.parts.append(
                     f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.py(low):.1f}" '
@@ -226,3 +230,63 @@ def bar_chart(
             'stroke="#000" stroke-dasharray="4 3"/>'
         )
     return f.svg()
+
+
+def xy_chart(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    colors: Mapping[str, str] | None = None,
+    dashed: Sequence[str] = (),
+    lines: bool = True,
+    vline: tuple[float, str] | None = None,
+    labels: Sequence[tuple[float, float, str]] = (),
+) -> str:
+    """Points (and lines through them, in order) per series; ``dashed`` series are drawn
+    dashed; ``vline`` = (x, text) marks an x position; ``labels`` = (x, y, text) annotations."""
+    pts = [p for s in series.values() for p in s]
+    if not pts:
+        return empty_chart(title, "no data")
+    xs = [p[0] for p in pts] + ([vline[0]] if vline else [])
+    ys = [p[1] for p in pts]
+    # 4 % headroom: points on the largest value stay off the frame
+    xr, yr = (min(0.0, min(xs)), max(xs) * 1.04), (min(0.0, min(ys)), max(ys) * 1.04)
+    f = _Frame(title, xlabel, ylabel, xr, yr)
+    for i, (label, s) in enumerate(series.items()):
+        color = (colors or {}).get(label, PALETTE[i % len(PALETTE)])
+        dash = ' stroke-dasharray="5 3"' if label in dashed else ""
+        if lines and len(s) > 1:
+            d = "".join(
+                f"{'M' if j == 0 else 'L'}{f.px(x):.1f},{f.py(y):.1f}" for j, (x, y) in enumerate(s)
+            )
+            f.parts.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.6"{dash}/>')
+        f.parts += [
+            f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="{3 if lines else 2}" '
+            f'fill="{color}" fill-opacity="{1 if lines else 0.6}"/>'
+            for x, y in s
+        ]
+        f.legend(label, color, dashed=label in dashed)
+    for x, y, text in labels:
+        f.parts.append(
+            f'<text x="{f.px(x) + 4:.1f}" y="{f.py(y) - 4:.1f}" fill="#555">{escape(text)}</text>'
+        )
+    if vline is not None:
+        x = f.px(vline[0])
+        f.parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}" stroke="#000" '
+            'stroke-width="1.2" stroke-dasharray="4 3"/>'
+            f'<text x="{x + 3:.1f}" y="{TOP + 12}" font-weight="bold">{escape(vline[1])}</text>'
+        )
+    return f.svg()
+
+
+def scatter_chart(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    colors: Mapping[str, str] | None = None,
+) -> str:
+    """Points only, one colour per series (e.g. each request of each arm)."""
+    return xy_chart(title, xlabel, ylabel, series, colors=colors, lines=False)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from specserve.bench.compare import Comparison
 from specserve.bench.metrics import Distribution
+from specserve.bench.pricing import Pricing
 from specserve.bench.results import BenchResult
 
 
@@ -19,6 +20,20 @@ def num(value: float | None, digits: int = 2) -> str:
 
 def pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"${value:,.2f}" if value >= 1 or value == 0 else f"${value:.4f}"
+
+
+def saving(value: float | None, low: float | None = None, high: float | None = None) -> str:
+    """A cost saving with its CI, e.g. ``35.0% [28.1%, 41.0%]`` (negative: dearer)."""
+    if value is None:
+        return "–"
+    ci = "" if low is None and high is None else f" [{pct(low)}, {pct(high)}]"
+    return f"{value:.1%}{ci}"
 
 
 def _pair(d: Distribution) -> str:
@@ -173,3 +188,39 @@ def parity_rows(comparison: Comparison) -> list[list[str]]:
         ]
         for row in comparison.rows
     ]
+
+
+ARM_NOTE = "Output tok/s of one instance = the arm's ÷ instances per arm (default 1)."
+
+COST_HEADER = [
+    "load",
+    "arm",
+    "output tok/s (one instance)",
+    "$/1M output tokens",
+    "cost saving vs baseline [95% CI]",
+]
+
+
+def cost_rows(
+    results: Sequence[BenchResult], comparison: Comparison | None, pricing: Pricing | None
+) -> list[list[str]]:
+    """Per arm and load point: throughput, $/1M output tokens and (candidates) the saving."""
+    savings = {(c.load, c.candidate): c for c in comparison.cost} if comparison else {}
+    rows = []
+    for r in results:
+        c = savings.get((r.load_name, r.label))
+        rows.append(
+            [
+                r.load_name,
+                r.label,
+                num(
+                    pricing.per_instance(r.output_throughput_tps)
+                    if pricing
+                    else r.output_throughput_tps,
+                    2,
+                ),
+                usd(pricing.usd_per_million(r.output_throughput_tps)) if pricing else "–",
+                saving(c.saving, c.ci_low, c.ci_high) if c else "–",
+            ]
+        )
+    return rows

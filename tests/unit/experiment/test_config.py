@@ -86,6 +86,14 @@ benchmark: {concurrency: [4], max_tokens: 600}
             " speculative: {base_url: 'http://b', model: m}}",
             "not both",
         ),
+        ("benchmark: {rates: [0]}", "rates must be in (0, 100000]"),
+        ("benchmark: {rates: [1, 1]}", "must not repeat"),
+        ("benchmark: {concurrency: [], rates: []}", "at least one load point"),
+        ("cost: {instance: m7.huge}", "unknown instance 'm7.huge'; known: local, trn2.48xlarge"),
+        ("cost: {price_per_hour: -2}", "price per hour must be >= 0"),
+        ("cost: {instance: local, price_per_hour: 1}", "not both"),
+        ("cost: {}", "give instance or price_per_hour"),
+        ("cost: {instance: local, watts: 90}", "both watts and price per kWh"),
         ("- just\n- a list", "expected a mapping"),
         ("servers: [unclosed", "YAML"),
     ],
@@ -108,3 +116,28 @@ def test_shipped_aws_study_example_validates() -> None:
     assert cfg.benchmark.concurrency == (4,)
     assert cfg.benchmark.max_tokens == 600
     assert cfg.benchmark.llmperf.mean_input_tokens == 64
+
+
+def test_load_points_concurrency_then_rates(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, "benchmark: {concurrency: [4, 1], rates: [2, 0.5]}"))
+    points = cfg.benchmark.load_points()
+    assert [name for name, _ in points] == ["c1", "c4", "r0.5", "r2"]
+    assert points[2][1].kind == "rate" and points[2][1].rate_rps == 0.5
+    assert [n for n, _ in load_config(None).benchmark.load_points()] == ["c1"]
+    rates_only = load_config(_write(tmp_path, "benchmark: {rates: [1.5]}"))
+    assert [n for n, _ in rates_only.benchmark.load_points()] == ["r1.5"]
+
+
+def test_cost_block_and_its_defaults(tmp_path: Path) -> None:
+    default = load_config(None).pricing()  # our servers run here: local, 0 per hour
+    assert default is not None and default.instance == "local" and default.hourly_usd == 0
+    priced = load_config(_write(tmp_path, "cost: {instance: inf2.48xlarge}")).pricing()
+    assert priced is not None and priced.price_per_hour == pytest.approx(12.98127)
+    given = load_config(_write(tmp_path, "cost: {price_per_hour: 4.5}")).pricing()
+    assert given is not None and given.hourly_usd == 4.5
+    endpoints = _write(
+        tmp_path,
+        "endpoints: {baseline: {base_url: 'http://a', model: m},"
+        " speculative: {base_url: 'http://b', model: m}}",
+    )
+    assert load_config(endpoints).pricing() is None  # remote services: no price assumed

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from specserve.experiment.config import load_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -27,3 +29,24 @@ def test_serving_ab_example_is_the_serving_benchmark() -> None:
     assert (b.endpoint, b.temperature, b.num_requests, b.max_tokens) == ("chat", 0.0, 8, 32)
     baseline = s.serve_args(speculative=False)
     assert "--draft-model" not in baseline and baseline[-2:] == ["--spec-method", "none"]
+
+
+def test_sweep_example_runs_four_rates_on_both_suites() -> None:
+    cfg = load_config(EXAMPLES / "sweep.yaml")
+    assert cfg.name == "sweep" and cfg.servers is not None and cfg.endpoints is None
+    b = cfg.benchmark
+    assert b.suites == ("structured", "open-ended") and b.concurrency == ()
+    points = b.load_points()
+    assert [name for name, _ in points] == ["r0.125", "r0.25", "r0.5", "r1"]
+    assert all(load.kind == "rate" and load.arrival == "poisson" for _, load in points)
+    # sized for <= 20 min on 2 cores (docs/experiment.md, "Sweeps")
+    assert (b.num_requests, b.warmup_requests, b.max_tokens) == (8, 1, 32)
+    pricing = cfg.pricing()
+    assert pricing is not None and pricing.instance == "local" and pricing.hourly_usd == 0.0
+
+
+def test_study_example_is_priced_as_the_study_instance() -> None:
+    pricing = load_config(EXAMPLES / "aws-trainium-study.yaml").pricing()
+    assert pricing is not None and pricing.instance == "trn2.48xlarge"
+    assert pricing.instances_per_arm == 0.5  # both arms on one instance, as in the study
+    assert pricing.usd_per_million(10.0) == pytest.approx(35.76 * 0.5 / 3600 / 10 * 1e6)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specserve.bench.compare import Comparison
+from specserve.bench.compare import Comparison, compare
+from specserve.bench.pricing import resolve_pricing
 from specserve.bench.results import BenchResult
 from specserve.report.emf import emf_lines
 from specserve.report.html import render_html, write_report
@@ -99,3 +100,38 @@ def test_write_report_files(ab_results: Results, tmp_path: Path) -> None:
     assert all(p.stat().st_size > 100 for p in paths.values())
     with pytest.raises(ValueError, match="no results"):
         render_html([], None)
+
+
+def test_cost_per_output_token_in_every_report(ab_results: Results) -> None:
+    results, _ = ab_results
+    pricing = resolve_pricing("g6e.xlarge")
+    assert pricing is not None
+    comparison = compare(results, baseline="baseline", pricing=pricing)
+    html = render_html(results, comparison)  # the comparison's price is the default
+    assert "<h2>Cost per output token</h2>" in html and "g6e.xlarge: $1.861/h" in html
+    md = render_markdown(results, comparison)
+    row = next(ln for ln in md.splitlines() if ln.startswith("| c1 | candidate |"))
+    tps, usd, saving = (c.strip() for c in row.strip("|").split("|")[2:5])
+    assert float(usd.lstrip("$").replace(",", "")) == pytest.approx(
+        1.861 / 3600 / float(tps) * 1e6, rel=0.01
+    )
+    assert saving.endswith("]") and float(saving.split("%")[0]) > 0  # 3× faster: cheaper
+    unpriced = render_markdown(results, compare(results, baseline="baseline"))
+    assert "No price given" in unpriced and "| c1 | baseline |" in unpriced
+
+
+def test_emf_lines_carry_cost(ab_results: Results) -> None:
+    results, _ = ab_results
+    pricing = resolve_pricing("trn1.32xlarge")
+    comparison = compare(results, baseline="baseline", pricing=pricing)
+    lines = [json.loads(x) for x in emf_lines(results, 1, pricing, comparison)]
+    alls = {(x["Variant"], x["Concurrency"]): x for x in lines if x["TestCase"] == "all"}
+    base, cand = alls[("baseline", "1")], alls[("candidate", "1")]
+    assert base["PricePerHour"] == 21.5
+    assert base["CostPerMillionOutputTokens"] == pytest.approx(
+        21.5 / 3600 / base["OutputThroughput"] * 1e6
+    )
+    assert "CostSaving" not in base and cand["CostSavingCILow"] <= cand["CostSaving"]
+    names = {m["Name"] for m in cand["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert {"CostPerMillionOutputTokens", "CostSaving", "CostSavingCIHigh"} <= names
+    assert all("Cost" not in k for x in emf_lines(results, 1) for k in json.loads(x))
