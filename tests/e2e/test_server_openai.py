@@ -123,7 +123,7 @@ BAD: list[tuple[str, Any, int]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 2}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, 400),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1}, 400),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
