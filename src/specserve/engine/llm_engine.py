@@ -286,8 +286,8 @@ class LLMEngine:
                 )
             )
         sampling = [i for i, sr in enumerate(scheduled) if sr.samples]
-        logits = self.runner.execute(rows)  # [sum over sampling rows of (k_i + 1), vocab]
-        if any(num_prompt):
+        logits = self.runner.execute(rows)  # [sum_i num_prompt[i] + num_sample[i], vocab]
+        if any(num_prompt):  # prompt-logprob rows recorded, then dropped
             requests = [sr.request for sr in scheduled]
             logits = take_prompt_logprobs(logits, requests, num_prompt, num_sample)
         if not sampling:
