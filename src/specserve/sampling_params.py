@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Most alternatives a request may ask for per token (``top_logprobs`` / ``logprobs``), as
+# OpenAI's chat API and vLLM's default ``max_logprobs``.
+MAX_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -27,6 +31,14 @@ class SamplingParams:
         num_speculative_tokens: fixed draft length k for this request (0 = no speculation),
             overriding the server's controller; at most the server's k_max. None: the
             server decides (a specserve extension, used by ``specserve tune``).
+        logprobs: per generated token, return its log-probability and this many most likely
+            alternatives (0..MAX_LOGPROBS); None computes nothing. Values are those of the
+            target model's raw distribution: log-softmax of its fp32 logits before
+            temperature, top-k/top-p and min_tokens masking (vLLM's default
+            ``raw_logprobs``), whether the token came from a plain step or a verified draft.
+        prompt_logprobs: the same for every prompt token after the first (None: nothing);
+            such a request is prefilled without the prefix cache, so every prompt position
+            is computed.
     """
 
     temperature: float = 0.0
@@ -39,6 +51,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     num_speculative_tokens: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0):
@@ -65,6 +79,10 @@ class SamplingParams:
         k = self.num_speculative_tokens
         if k is not None and not 0 <= k <= 32:
             raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and not 0 <= n <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {n}")
 
     @property
     def greedy(self) -> bool:

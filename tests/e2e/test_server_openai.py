@@ -112,6 +112,31 @@ def test_openai_streaming_with_usage(client: openai.OpenAI) -> None:
     assert sum(1 for c in cchunks if c.choices) == 6  # plain decoding: one token per step
 
 
+def test_openai_client_reads_logprobs(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and t.bytes == list(t.token.encode())
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)  # greedy: the top token
+    c = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2,
+        echo=True,
+    )  # fmt: skip
+    lp = c.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert lp.token_logprobs[0] is None and c.choices[0].text.startswith("The capital")
+    assert len(lp.tokens) == c.usage.prompt_tokens + c.usage.completion_tokens  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError, match="20"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+            logprobs=True, top_logprobs=21,
+        )  # fmt: skip
+
+
 BAD: list[tuple[str, Any, int]] = [
     ("/v1/completions", b"{oops", 400),
     ("/v1/completions", {"model": MODEL}, 400),
@@ -123,7 +148,7 @@ BAD: list[tuple[str, Any, int]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 2}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 3}, 400),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1}, 400),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),

@@ -13,8 +13,10 @@ import argparse
 import logging
 import re
 import sys
+from collections.abc import Sequence
 from typing import Any
 
+from specserve.commands.vllm_spec import parse_speculative_config
 from specserve.config import (
     WEIGHT_FORMATS,
     CacheConfig,
@@ -26,6 +28,23 @@ from specserve.config import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class _RecordGiven(argparse.Action):
+    """Store the value and remember that the flag was given (its default may look alike):
+    specserve's own speculation flags conflict with ``--speculative-config``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, "spec_flags_given", ()))
+        namespace.spec_flags_given = given | {self.option_strings[0]}
+
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -72,18 +91,33 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="catalog name, HF dir, .gguf file or repo id")
-    p.add_argument("--draft-model", help="draft model (implies --spec-method draft)")
+    p.add_argument(
+        "--draft-model", action=_RecordGiven, help="draft model (implies --spec-method draft)"
+    )
     p.add_argument(
         "--spec-method",
+        action=_RecordGiven,
         choices=["none", "ngram", "suffix", "draft", "hybrid"],
         help="speculative method (default: draft if --draft-model is given, else none)",
     )
     p.add_argument(
         "--num-speculative-tokens",
+        action=_RecordGiven,
         type=parse_k,
         default=None,
         metavar="K|auto",
         help="fixed draft length k, or 'auto' for the adaptive controller (default auto)",
+    )
+    p.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='speculation as vLLM spells it, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or \'{"model": DRAFT, '
+        '"num_speculative_tokens": 5}\'; instead of --spec-method, --draft-model, '
+        "--num-speculative-tokens and --speculative-disable-by-batch-size (keys: method, "
+        "model, num_speculative_tokens, "
+        "prompt_lookup_min/max, disable_by_batch_size; draft_tensor_parallel_size and "
+        "max_model_len are ignored)",
     )
     p.add_argument("--k-max", type=int, default=8, help="largest k the controller may choose")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
@@ -108,6 +142,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--speculative-disable-by-batch-size",
+        action=_RecordGiven,
         type=int,
         default=None,
         metavar="N",
@@ -124,9 +159,46 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
+    """Speculation from specserve's flags or from vLLM's ``--speculative-config``
+    (ValueError if invalid, or if both are given)."""
+    vllm_json = getattr(args, "speculative_config", None)
+    if vllm_json is None:
+        method: SpecMethod = args.spec_method or ("draft" if args.draft_model else "none")
+        return SpecConfig(
+            method=method,
+            draft_model=args.draft_model,
+            num_speculative_tokens=args.num_speculative_tokens,
+            k_max=args.k_max,
+            draft_num_layers=args.draft_num_layers,
+            draft_weights=args.draft_weights,
+            disable_by_batch_size=args.speculative_disable_by_batch_size,
+        )
+    given = sorted(set(getattr(args, "spec_flags_given", ())))
+    if given:
+        raise ValueError(
+            f"--speculative-config and {', '.join(given)} both configure speculation; "
+            "give either vLLM's --speculative-config or specserve's flags"
+        )
+    vllm = parse_speculative_config(vllm_json)
+    for warning in vllm.warnings:
+        logger.warning("%s", warning)
+    defaults = SpecConfig()
+    return SpecConfig(
+        method=vllm.method,
+        draft_model=vllm.draft_model,
+        num_speculative_tokens=vllm.num_speculative_tokens,
+        k_max=args.k_max,
+        ngram_min=vllm.ngram_min or defaults.ngram_min,
+        ngram_max=vllm.ngram_max or defaults.ngram_max,
+        draft_num_layers=args.draft_num_layers,
+        draft_weights=args.draft_weights,
+        disable_by_batch_size=vllm.disable_by_batch_size,
+    )
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration an argument namespace asks for (ValueError if invalid)."""
-    method: SpecMethod = args.spec_method or ("draft" if args.draft_model else "none")
     return EngineConfig(
         model=ModelConfig(
             model=args.model,
@@ -141,15 +213,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_queue_len=args.max_queue_len,
         ),
-        spec=SpecConfig(
-            method=method,
-            draft_model=args.draft_model,
-            num_speculative_tokens=args.num_speculative_tokens,
-            k_max=args.k_max,
-            draft_num_layers=args.draft_num_layers,
-            draft_weights=args.draft_weights,
-            disable_by_batch_size=args.speculative_disable_by_batch_size,
-        ),
+        spec=spec_config_from_args(args),
         seed=args.seed,
     )
 

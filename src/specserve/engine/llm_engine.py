@@ -30,11 +30,17 @@ from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSumm
 from specserve.engine.request import Request
 from specserve.engine.scheduler import ScheduledRequest, Scheduler
 from specserve.engine.stats_tracker import StatsTracker
-from specserve.engine.token_sampling import sample_new_tokens
+from specserve.engine.token_sampling import (
+    num_prompt_logit_rows,
+    raw_logprob_rows,
+    sample_new_tokens,
+    take_prompt_logprobs,
+)
 from specserve.kv_cache.kv_manager import KVCacheManager
 from specserve.kv_cache.sizing import num_blocks_for
 from specserve.loading.tokenizer import Tokenizer
 from specserve.models.decoder import DecoderLM
+from specserve.sampling.logprobs import TokenLogprob, gather_logprobs
 from specserve.sampling.sampler import make_generator
 from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
@@ -260,39 +266,46 @@ class LLMEngine:
 
     def _verify(
         self, scheduled: list[ScheduledRequest], proposals: list[Proposal]
-    ) -> dict[int, list[int]]:
+    ) -> dict[int, tuple[list[int], list[TokenLogprob] | None]]:
         """One target forward; returns, per sampling row index, its new tokens (accepted
-        drafts + one sampled)."""
-        rows = []
+        drafts + one sampled) and, if the request asked for them, their logprobs. Prompt
+        logprobs are recorded on their requests as their chunks run."""
+        rows, num_prompt, num_sample = [], [], []
         for sr, prop in zip(scheduled, proposals, strict=True):
             req, start = sr.request, sr.request.num_computed_tokens
+            num_prompt.append(num_prompt_logit_rows(req, sr.num_new_tokens))
+            num_sample.append(len(prop) + 1 if sr.samples else 0)
             rows.append(
                 ForwardRow(
                     token_ids=req.token_ids[start : start + sr.num_new_tokens]
                     + prop.draft_token_ids,
                     start=start,
                     block_table=self.kv.block_tables[req.request_id],
-                    num_logit_rows=len(prop) + 1 if sr.samples else 0,
+                    num_logit_rows=num_prompt[-1] + num_sample[-1],
+                    prompt_logits=num_prompt[-1] > 0,
                 )
             )
         sampling = [i for i, sr in enumerate(scheduled) if sr.samples]
+        logits = self.runner.execute(rows)  # [sum_i num_prompt[i] + num_sample[i], vocab]
+        if any(num_prompt):  # prompt-logprob rows recorded, then dropped
+            requests = [sr.request for sr in scheduled]
+            logits = take_prompt_logprobs(logits, requests, num_prompt, num_sample)
         if not sampling:
-            self.runner.execute(rows)
             return {}
-        logits = self.runner.execute(rows)  # [sum over sampling rows of (k_i + 1), vocab]
-        accepted = sample_new_tokens(
-            logits,
-            [scheduled[i].request for i in sampling],
-            [proposals[i] for i in sampling],
-            self.eos_token_ids,
-        )
-        return dict(zip(sampling, accepted, strict=True))
+        reqs, props = [scheduled[i].request for i in sampling], [proposals[i] for i in sampling]
+        wanted = raw_logprob_rows(logits, reqs, props)  # empty unless someone asked
+        accepted = sample_new_tokens(logits, reqs, props, self.eos_token_ids)
+        out: dict[int, tuple[list[int], list[TokenLogprob] | None]] = {}
+        for j, (i, new) in enumerate(zip(sampling, accepted, strict=True)):
+            n = reqs[j].params.logprobs
+            out[i] = (new, gather_logprobs(wanted[j], new, n) if n is not None else None)
+        return out
 
     def _commit(
         self,
         scheduled: list[ScheduledRequest],
         proposals: list[Proposal],
-        sampled: dict[int, list[int]],
+        sampled: dict[int, tuple[list[int], list[TokenLogprob] | None]],
         stats: StepStats,
     ) -> list[RequestOutput]:
         outputs = []
@@ -303,7 +316,7 @@ class LLMEngine:
                 req.num_computed_tokens += sr.num_new_tokens
                 self.kv.commit(req.request_id, req.token_ids, req.num_computed_tokens)
                 continue
-            new = sampled[i]
+            new, logprobs = sampled[i]
             num_drafted, num_accepted = len(proposals[i]), len(new) - 1
             stats.num_draft_tokens += num_drafted
             if num_drafted:
@@ -336,7 +349,12 @@ class LLMEngine:
             else:
                 self._finish(req, reason)
             delta = req.detokenizer.take_delta(reason is not None) if req.detokenizer else ""
-            outputs.append(self._output(req, kept, delta))
+            out = self._output(req, kept, delta)
+            if logprobs is not None:
+                out.logprobs = logprobs[: len(kept)]
+            if req.prompt_logprobs is not None and req.num_output_tokens == len(kept):
+                out.prompt_logprobs = req.prompt_logprobs
+            outputs.append(out)
         return outputs
 
     def _finish(self, req: Request, reason: str) -> None:

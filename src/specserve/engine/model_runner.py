@@ -29,12 +29,15 @@ class ForwardRow:
         block_table: the request's KV blocks, covering positions ``0..start + T - 1``.
         num_logit_rows: how many trailing tokens need logits (0: a prefill chunk that does
             not reach the end of the committed tokens).
+        prompt_logits: a prefill chunk that returns the logits of its prompt tokens too
+            (prompt logprobs); it runs with the prefill rows although every token has logits.
     """
 
     token_ids: list[int]
     start: int
     block_table: list[int]
     num_logit_rows: int
+    prompt_logits: bool = False
 
     def __post_init__(self) -> None:
         assert self.token_ids, "a row runs at least one token"
@@ -104,8 +107,9 @@ class ModelRunner:
         """Run every row, writing their K/V, and return logits ``# [sum num_logit_rows, V]``
         (fp32) in row order: for each row, its last ``num_logit_rows`` tokens."""
         assert rows
-        decode_idx = [i for i, r in enumerate(rows) if r.num_logit_rows == len(r.token_ids)]
-        prefill_idx = [i for i, r in enumerate(rows) if r.num_logit_rows != len(r.token_ids)]
+        is_decode = [r.num_logit_rows == len(r.token_ids) and not r.prompt_logits for r in rows]
+        decode_idx = [i for i, d in enumerate(is_decode) if d]
+        prefill_idx = [i for i, d in enumerate(is_decode) if not d]
         per_row: list[torch.Tensor | None] = [None] * len(rows)
         for group in (decode_idx, prefill_idx):
             if group:

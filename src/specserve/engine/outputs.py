@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from specserve.sampling.logprobs import TokenLogprob
 from specserve.spec_decode.stats import SpecDecodingStats
 
 
@@ -47,6 +48,10 @@ class RequestOutput:
         arrival_time: ``time.perf_counter()`` at admission (for server-side latencies).
         first_token_time: ``time.perf_counter()`` of the first committed token, if any.
         num_preemptions: times the request was preempted and recomputed so far.
+        logprobs: one entry per ``new_token_ids`` when the request asked for logprobs, else
+            None (``sampling/logprobs.py`` says which distribution).
+        prompt_logprobs: on the request's first output with tokens, when it asked for prompt
+            logprobs: one entry per prompt token, None for the first (nothing scores it).
     """
 
     request_id: str
@@ -60,6 +65,8 @@ class RequestOutput:
     arrival_time: float | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

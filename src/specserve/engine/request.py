@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.sampling.logprobs import TokenLogprob
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.stats import SpecDecodingStats
 
@@ -45,6 +46,8 @@ class Request:
         num_preemptions: times the request lost its blocks and had to be recomputed.
         detokenizer: incremental text state (None when the engine has no tokenizer).
         first_token_time: ``perf_counter()`` when its first output token was committed.
+        prompt_logprobs: when ``params.prompt_logprobs`` is set, the logprobs of the prompt
+            tokens gathered so far (the first prompt token's entry is None).
     """
 
     request_id: str
@@ -61,6 +64,7 @@ class Request:
     num_preemptions: int = 0
     detokenizer: IncrementalDetokenizer | None = None
     first_token_time: float | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -69,6 +73,16 @@ class Request:
             raise ValueError(f"request {self.request_id!r}: no room for output tokens")
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Prompt logprobs were asked for and not all gathered yet: every prompt position
+        must be computed (no prefix-cache reuse) and return its logits."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(
+            self.prompt_token_ids
+        )
 
     @property
     def num_prompt_tokens(self) -> int:

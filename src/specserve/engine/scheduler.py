@@ -10,7 +10,9 @@ Each step the scheduler fills a token budget (``SchedulerConfig.max_num_batched_
    the older request fits. A request that would need to preempt itself is preempted instead.
    Before preempting anyone, a request drops its lookahead (k = 0).
 3. Waiting requests are then admitted in arrival order while seats (``max_num_seqs``), budget
-   and blocks remain, reusing prefix-cache blocks; none is admitted in a step that preempted.
+   and blocks remain, reusing prefix-cache blocks (except a request that wants its prompt
+   logprobs: every position of its prompt must be computed); none is admitted in a step that
+   preempted.
 
 The scheduler moves no tensors; the runner turns its output into a batch.
 """
@@ -190,7 +192,9 @@ class Scheduler:
         ):
             req = self.waiting[0]
             assert req.num_computed_tokens == 0
-            cached_blocks, num_cached = self.kv.find_cached_prefix(req.token_ids)
+            cached_blocks, num_cached = (
+                ([], 0) if req.wants_prompt_logits else self.kv.find_cached_prefix(req.token_ids)
+            )
             num_new = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(
                 req.request_id, num_cached, num_cached + num_new, cached_blocks

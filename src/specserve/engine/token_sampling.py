@@ -1,5 +1,6 @@
 """From target logits to new tokens: min_tokens masking, then plain sampling (no drafts in the
-step: the k = 0 fast path) or rejection sampling of every request's draft."""
+step: the k = 0 fast path) or rejection sampling of every request's draft; and, only for the
+requests that asked, the logprobs of prompt and new tokens (``sampling/logprobs.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from specserve.engine.request import Request
+from specserve.sampling.logprobs import gather_logprobs, log_probs
 from specserve.sampling.sampler import sample_rows, suppress_tokens
 from specserve.spec_decode.proposer import Proposal
 from specserve.spec_decode.rejection_sampler import rejection_sample
@@ -62,3 +64,70 @@ def sample_new_tokens(
         params,
         gens,
     )
+
+
+def num_prompt_logit_rows(req: Request, num_new_tokens: int) -> int:
+    """Rows of a prefill chunk that score prompt tokens not yet given a logprob.
+
+    The chunk runs positions ``start .. start + num_new_tokens - 1``; position p scores token
+    p + 1, so prompt tokens ``1 .. num_prompt_tokens - 1`` are scored by positions ``0 ..
+    num_prompt_tokens - 2`` (the last prompt position scores the first output token and is
+    the row the request samples from). 0 unless the request wants prompt logprobs.
+    """
+    if not req.wants_prompt_logits:
+        return 0
+    start = req.num_computed_tokens
+    return max(0, min(start + num_new_tokens, req.num_prompt_tokens - 1) - start)
+
+
+def take_prompt_logprobs(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    num_prompt_rows: Sequence[int],
+    num_sample_rows: Sequence[int],
+) -> torch.Tensor:
+    """Record prompt logprobs from a forward's logits and return only the sampling rows.
+
+    Args:
+        logits: ``# [sum_i (num_prompt_rows[i] + num_sample_rows[i]), vocab]``, request i's
+            prompt rows first, then its sampling rows (``ModelRunner.execute`` order).
+        requests: the scheduled requests, in row order.
+        num_prompt_rows: per request, from :func:`num_prompt_logit_rows`.
+        num_sample_rows: per request, ``k_i + 1`` when it samples this step, else 0.
+    """
+    keep: list[torch.Tensor] = []
+    offset = 0
+    for req, n_prompt, n_sample in zip(requests, num_prompt_rows, num_sample_rows, strict=True):
+        if n_prompt:
+            assert req.prompt_logprobs is not None and req.params.prompt_logprobs is not None
+            start = req.num_computed_tokens
+            # Rows already recorded before a preemption are recomputed, not recorded again.
+            skip = len(req.prompt_logprobs) - 1 - start
+            assert skip >= 0, "prompt chunks run in order from position 0"
+            if skip < n_prompt:
+                targets = req.token_ids[start + 1 + skip : start + 1 + n_prompt]
+                rows = log_probs(logits[offset + skip : offset + n_prompt])
+                req.prompt_logprobs.extend(
+                    gather_logprobs(rows, targets, req.params.prompt_logprobs)
+                )
+        offset += n_prompt
+        if n_sample:
+            keep.append(logits[offset : offset + n_sample])
+        offset += n_sample
+    assert offset == logits.shape[0]
+    return torch.cat(keep) if keep else logits[:0]
+
+
+def raw_logprob_rows(
+    logits: torch.Tensor, requests: Sequence[Request], proposals: Sequence[Proposal]
+) -> dict[int, torch.Tensor]:
+    """Log-softmax of the verify rows of each request that asked for logprobs, keyed by its
+    index in ``requests``; taken before :func:`sample_new_tokens` masks ``logits`` in place."""
+    out: dict[int, torch.Tensor] = {}
+    offset = 0
+    for i, (req, prop) in enumerate(zip(requests, proposals, strict=True)):
+        n = len(prop) + 1
+        if req.params.logprobs is not None:
+            out[i] = log_probs(logits[offset : offset + n])
+        offset += n
+    return out

@@ -3,7 +3,8 @@
 Requests are validated in two layers: the pydantic models below check types and ranges
 (a failure becomes HTTP 400 with the offending field as ``param``), then
 :func:`find_unsupported_field` refuses OpenAI features this server does not implement
-(``n > 1``, ``logprobs``, tools, ...) instead of silently ignoring them. A field set to its
+(``n > 1``, ``response_format`` other than text, tools, ...) instead of silently ignoring
+them. A field set to its
 neutral value (``n=1``, ``presence_penalty=0``, ``logprobs=null``) is accepted, so clients that
 always send defaults keep working. Fields this server has never heard of are refused too,
 except a short list of harmless ones (``user``, ``metadata``, ...).
@@ -17,6 +18,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specserve.sampling_params import MAX_LOGPROBS
+from specserve.server.logprobs import ChatLogprobs, CompletionLogprobs
+
 # Accepted and ignored: they do not change what is generated.
 HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "request_id"})
 
@@ -24,7 +28,6 @@ HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "reque
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
-    "logprobs": (False, 0),
     "top_logprobs": (0,),
     "echo": (False,),
     "suffix": ("",),
@@ -48,6 +51,17 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "audio": (),
     "prediction": (),
     "reasoning_effort": (),
+}
+
+# Why a field is refused, where there is more to say than "not supported".
+REFUSAL_REASONS: dict[str, str] = {
+    "n": "n > 1 is not supported: send one request per completion (with distinct seeds when "
+    "sampling)",
+    "best_of": "best_of > 1 is not supported: send one request per candidate",
+    "response_format": "only response_format {'type': 'text'} is supported: json_object and "
+    "json_schema need constrained decoding, which this server does not implement",
+    "top_logprobs": "top_logprobs is a chat completions field; /v1/completions takes logprobs: N",
+    "echo": "echo is a /v1/completions field",
 }
 
 
@@ -115,8 +129,20 @@ class SamplingFields(OpenAIModel):
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions`` body."""
 
-    prompt: str | list[int] | list[str] = Field(
-        ..., description="Text, a list of token ids, or a one-element list of text."
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        ...,
+        description="Text, a list of token ids, or a one-element list of either (what batching "
+        "clients such as lm-eval send).",
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description=f"Return each token's logprob and the N (0..{MAX_LOGPROBS}) most likely "
+        "alternatives (OpenAI allows 5; 20 as vLLM).",
+    )
+    echo: bool | None = Field(
+        None, description="Prepend the prompt to the text (and its logprobs with logprobs)."
     )
 
 
@@ -156,6 +182,14 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = Field(
         True, description="End the templated prompt with the assistant turn header."
     )
+    logprobs: bool | None = Field(None, description="Return the logprob of each generated token.")
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description=f"With logprobs: also the N (0..{MAX_LOGPROBS}) most likely tokens at "
+        "each position.",
+    )
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -181,7 +215,8 @@ def find_unsupported_field(body: BaseModel) -> tuple[str, str] | None:
         if name in UNSUPPORTED_FIELDS:
             if _is_neutral(value, UNSUPPORTED_FIELDS[name]):
                 continue
-            return name, f"'{name}' is not supported by this server (got {value!r})"
+            reason = REFUSAL_REASONS.get(name, f"'{name}' is not supported by this server")
+            return name, f"{reason} (got {name}={value!r})"
         return name, f"unknown field '{name}'"
     if isinstance(body, ChatCompletionRequest):
         for i, msg in enumerate(body.messages):
@@ -242,7 +277,7 @@ class SpecDecodeInfo(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -264,7 +299,7 @@ class ChatMessageOut(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -286,7 +321,7 @@ class DeltaMessage(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -35,6 +35,8 @@ def build_sampling_params(
     max_model_len: int,
     vocab_size: int,
     prompt_param: str,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Sampling parameters for ``body``; every refusal is a 400 naming the field.
 
@@ -46,6 +48,8 @@ def build_sampling_params(
         max_model_len: the served context limit.
         vocab_size: for checking ``stop_token_ids``.
         prompt_param: the field that carried the prompt (``prompt`` or ``messages``).
+        logprobs: alternatives per generated token when logprobs were asked for, else None.
+        prompt_logprobs: the same for the prompt tokens (completions with ``echo``).
     """
     room = max_model_len - num_prompt_tokens
     if room < 1:
@@ -94,6 +98,8 @@ def build_sampling_params(
             ignore_eos=body.ignore_eos,
             seed=body.seed,
             num_speculative_tokens=body.num_speculative_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValueError as exc:  # defence in depth: the pydantic model should catch these
         raise BadRequestError(str(exc)) from exc

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from specserve.server.engine_client import EngineOutput
 from specserve.server.errors import APIError, UnsupportedFieldError
+from specserve.server.logprobs import LogprobRenderer
 from specserve.server.protocol import (
     SamplingFields,
     StreamOptions,
@@ -38,6 +39,21 @@ logger = logging.getLogger(__name__)
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; the client never sees it
 
 
+@dataclass
+class ChoiceContext:
+    """What one request's choices are built with, besides the engine outputs.
+
+    Attributes:
+        prompt_ids: the prompt's token ids.
+        logprobs: renders logprobs, or None when the request asked for none.
+        echo: completions with ``echo``: the prompt text that the text starts with.
+    """
+
+    prompt_ids: list[int] = field(default_factory=list)
+    logprobs: LogprobRenderer | None = None
+    echo: str | None = None
+
+
 @dataclass(frozen=True)
 class EndpointShape:
     """How one generation endpoint names its requests and shapes its answers.
@@ -49,18 +65,18 @@ class EndpointShape:
             ``model``, ``choices``, ``usage`` and ``spec_decode``.
         response_model: the model of the whole (non-streamed) response; built with the same
             fields.
-        step_choice: the choice of a streamed chunk, from one engine step's output and
-            whether it is the request's first chunk.
-        whole_choice: the choice of the whole response, from the full text and the finish
-            reason.
+        step_choice: the choice of a streamed chunk, from one engine step's output, whether
+            it is the request's first chunk, and the request's :class:`ChoiceContext`.
+        whole_choice: the choice of the whole response, from every engine output of the
+            request, in order, and its :class:`ChoiceContext`.
     """
 
     id_prefix: str
     prompt_param: str
     chunk_model: type[BaseModel]
     response_model: type[BaseModel]
-    step_choice: Callable[[EngineOutput, bool], BaseModel]
-    whole_choice: Callable[[str, str | None], BaseModel]
+    step_choice: Callable[[EngineOutput, bool, ChoiceContext], BaseModel]
+    whole_choice: Callable[[list[EngineOutput], ChoiceContext], BaseModel]
 
 
 def usage_of(out: EngineOutput) -> UsageInfo:
@@ -77,6 +93,9 @@ async def serve_generation(
     prompt_ids: Callable[[], list[int]],
     requested_max_tokens: int | None,
     default_max_tokens: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+    echo: Callable[[list[int]], str] | None = None,
 ) -> Response:
     """Answer one generation request, streamed or whole.
 
@@ -88,6 +107,10 @@ async def serve_generation(
         prompt_ids: tokenises the prompt; called once the field and model checks passed.
         requested_max_tokens: max_tokens as the client sent it (None when absent).
         default_max_tokens: used when absent; None means "the whole room".
+        logprobs: alternatives per generated token when logprobs were asked for, else None
+            (then nothing is computed).
+        prompt_logprobs: the same for the prompt tokens, else None.
+        echo: the prompt text to prepend (completions with ``echo``), from the prompt ids.
     """
     arrival_s = time.perf_counter()
     refused = find_unsupported_field(body)
@@ -104,6 +127,13 @@ async def serve_generation(
         max_model_len=engine.max_model_len,
         vocab_size=state.vocab_size,
         prompt_param=shape.prompt_param,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+    )
+    ctx = ChoiceContext(
+        prompt_ids=ids,
+        logprobs=None if logprobs is None else LogprobRenderer(state.tokenizer, logprobs),
+        echo=None if echo is None else echo(ids),
     )
     request_id = random_id(shape.id_prefix)
     run = RequestRun(engine, state.metrics.requests, raw, request_id, ids, params, arrival_s)
@@ -119,20 +149,19 @@ async def serve_generation(
     }
 
     if body.stream:
-        events = _stream_events(shape, head, run, first, body.stream_options)
+        events = _stream_events(shape, head, run, first, body.stream_options, ctx)
         return RunStreamingResponse(events, run)
 
-    texts = [first.text_delta]
-    last = first
+    outputs = [first]
     try:
         async for out in run.rest():
-            texts.append(out.text_delta)
-            last = out
+            outputs.append(out)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_STATUS)
+    last = outputs[-1]
     response = shape.response_model(
         **head,
-        choices=[shape.whole_choice("".join(texts), last.finish_reason)],
+        choices=[shape.whole_choice(outputs, ctx)],
         usage=usage_of(last),
         spec_decode=spec_info(last),
     )
@@ -145,6 +174,7 @@ async def _stream_events(
     run: RequestRun,
     first: EngineOutput,
     opts: StreamOptions | None,
+    ctx: ChoiceContext,
 ) -> AsyncIterator[bytes]:
     """The SSE events of a streamed response: a chunk per engine step, an error event if
     the run fails, the usage-only chunk when asked for, then ``[DONE]``."""
@@ -156,7 +186,7 @@ async def _stream_events(
         return sse_event(
             shape.chunk_model(
                 **head,
-                choices=[shape.step_choice(out, is_first)],
+                choices=[shape.step_choice(out, is_first, ctx)],
                 usage=usage,
                 spec_decode=spec_info(out) if out.finished else None,
             )

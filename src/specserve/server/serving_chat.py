@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from specserve.server.engine_client import EngineOutput
 from specserve.server.errors import BadRequestError
+from specserve.server.logprobs import ChatLogprobs
 from specserve.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -17,7 +18,7 @@ from specserve.server.protocol import (
     DeltaMessage,
 )
 from specserve.server.request_params import check_prompt_ids
-from specserve.server.serving import EndpointShape, serve_generation
+from specserve.server.serving import ChoiceContext, EndpointShape, serve_generation
 from specserve.server.state import ServerState
 
 
@@ -33,15 +34,38 @@ def chat_prompt_ids(body: ChatCompletionRequest, state: ServerState) -> list[int
     return ids
 
 
-def _step_choice(out: EngineOutput, first: bool) -> ChatChunkChoice:
+def logprob_request(body: ChatCompletionRequest) -> int | None:
+    """Alternatives per token when the body asks for logprobs, else None (400 for
+    ``top_logprobs`` without ``logprobs: true``, as OpenAI answers)."""
+    if body.logprobs:
+        return body.top_logprobs or 0
+    if body.top_logprobs:
+        raise BadRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+    return None
+
+
+def _logprobs(outputs: list[EngineOutput], ctx: ChoiceContext) -> ChatLogprobs | None:
+    if ctx.logprobs is None:
+        return None
+    return ctx.logprobs.chat([lp for out in outputs for lp in out.logprobs or []])
+
+
+def _step_choice(out: EngineOutput, first: bool, ctx: ChoiceContext) -> ChatChunkChoice:
     # The role rides on the first step's chunk rather than an extra token-less chunk,
     # so every chunk is one engine step (clients timing chunks see no fake first token).
     delta = DeltaMessage(role="assistant" if first else None, content=out.text_delta)
-    return ChatChunkChoice(delta=delta, finish_reason=out.finish_reason)
+    return ChatChunkChoice(
+        delta=delta, logprobs=_logprobs([out], ctx), finish_reason=out.finish_reason
+    )
 
 
-def _whole_choice(text: str, finish_reason: str | None) -> ChatChoice:
-    return ChatChoice(message=ChatMessageOut(content=text), finish_reason=finish_reason)
+def _whole_choice(outputs: list[EngineOutput], ctx: ChoiceContext) -> ChatChoice:
+    text = "".join(o.text_delta for o in outputs)
+    return ChatChoice(
+        message=ChatMessageOut(content=text),
+        logprobs=_logprobs(outputs, ctx),
+        finish_reason=outputs[-1].finish_reason,
+    )
 
 
 CHAT_SHAPE = EndpointShape(
@@ -65,4 +89,5 @@ async def create_chat_completion(
         prompt_ids=lambda: chat_prompt_ids(body, state),
         requested_max_tokens=body.requested_max_tokens(),
         default_max_tokens=None,
+        logprobs=logprob_request(body),
     )
