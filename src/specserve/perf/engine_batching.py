@@ -110,8 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = {}
     for i in range(args.num_requests):
         q = questions[i % len(questions)]
-        text = lm.tokenizer.apply_chat_template([{"role": "user", "content": q}])
-        prompts[f"r{i}"] = list(lm.tokenizer.encode(text, add_special_tokens=False))
+        prompts[f"r{i}"] = lm.tokenizer.encode_chat([{"role": "user", "content": q}])
     params = SamplingParams(max_tokens=args.max_tokens)
     torch.set_grad_enabled(False)
 

@@ -15,7 +15,6 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -42,12 +41,6 @@ from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.factory import make_proposer
 
 logger = logging.getLogger(__name__)
-
-
-def chat_prompt_ids(lm: Any, message: str) -> list[int]:
-    """Token ids of ``message`` as one user turn in ``lm``'s chat template."""
-    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": message}])
-    return list(lm.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _rss_gib() -> float:
@@ -102,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
         if not prompts:
-            prompts = [chat_prompt_ids(target, p.text) for p in chosen]
+            prompts = [
+                target.tokenizer.encode_chat([{"role": "user", "content": p.text}]) for p in chosen
+            ]
             eos = tuple(target.tokenizer.eos_token_ids)
         tm, dm = target.model, draft.model
         plain = run_specserve_plain(f"specserve {fmt} plain", tm, prompts, params, eos)

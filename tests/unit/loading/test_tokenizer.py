@@ -89,6 +89,12 @@ def test_chat_template_rendering(tiny) -> None:
         "<|im_start|>assistant\n"
     )
     assert not tok.apply_chat_template(msgs, add_generation_prompt=False).endswith("assistant\n")
+    # encode_chat: the rendered text, encoded without adding special tokens a second time.
+    ids = tok.encode_chat(msgs)
+    assert ids == tok.encode(tok.apply_chat_template(msgs), add_special_tokens=False)
+    assert ids[0] != tok.bos_token_id or tok.apply_chat_template(msgs).startswith(
+        tok.decode([tok.bos_token_id], skip_special_tokens=False)
+    )
 
 
 def test_chat_template_helpers_and_errors() -> None:

@@ -3,7 +3,6 @@ token, quality measures, the prompts, the CLI registration, and the batching ben
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ from specserve.cli import build_parser, main
 from specserve.commands import perf as perf_command
 from specserve.models.quant.quantize import quantize_model
 from specserve.perf import arms, engine_batching
-from specserve.perf import main as perf_main
 from specserve.perf.arms import ArmResult, decode_bytes_per_token, run_llamacpp
 from specserve.perf.report import (
     common_prefix_fraction,
@@ -94,19 +92,6 @@ def test_unknown_prompt_is_refused_before_loading(capsys: pytest.CaptureFixture[
     assert main(["perf", "--prompts", "palindrome,nope", "--weights", "int4"]) == 2
     err = capsys.readouterr().err
     assert "'nope'" in err and "palindrome" in err and "fizzbuzz" in err
-
-
-def test_chat_prompt_ids_wraps_the_message_in_the_chat_template() -> None:
-    class Tokenizer:
-        def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-            return f"<user>{messages[0]['content']}</user>"
-
-        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-            assert not add_special_tokens
-            return [ord(c) for c in text]
-
-    lm = argparse.Namespace(tokenizer=Tokenizer())
-    assert perf_main.chat_prompt_ids(lm, "hi") == [ord(c) for c in "<user>hi</user>"]
 
 
 def test_llamacpp_worker_is_next_to_the_arms() -> None:
