@@ -7,11 +7,9 @@ import random
 import pytest
 
 from specserve.bench.compare import bootstrap_ratio, compare
-from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.records import ChunkRecord, RequestRecord
-from specserve.bench.results import BenchResult, Manifest
-from specserve.bench.runner import result_from_records
-from specserve.bench.scrape import Acceptance
+from specserve.bench.results import BenchResult
+from tests.bench_results import closed_loop_result
 
 MS = 1_000_000
 
@@ -62,15 +60,7 @@ def synthetic(
                 error=err,
             )
         )
-    spec = BenchConfig(
-        base_url="http://x",
-        model="m",
-        label=label,
-        num_requests=n,
-        load=ClosedLoop(concurrency=concurrency),
-    )
-    manifest = Manifest(spec={}, prompt_set_hash="h", num_prompts=4, started_at="now")
-    return result_from_records(spec, records, Acceptance(available=False), manifest)
+    return closed_loop_result(label, records, n, concurrency, num_prompts=4)
 
 
 def test_speedup_ci_covers_the_true_ratio() -> None:

@@ -8,12 +8,10 @@ import pytest
 
 from specserve.bench.compare import compare
 from specserve.bench.cost import saving_ci, window_shares
-from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.pricing import resolve_pricing
 from specserve.bench.records import ChunkRecord, RequestRecord
-from specserve.bench.results import BenchResult, Manifest
-from specserve.bench.runner import result_from_records
-from specserve.bench.scrape import Acceptance
+from specserve.bench.results import BenchResult
+from tests.bench_results import closed_loop_result
 
 MS = 1_000_000
 
@@ -48,11 +46,7 @@ def sequential(label: str, ms_per_token: float, n: int = 30, seed: int = 0) -> B
             )
         )
         t += 5 * MS  # gap between batches: not in the window
-    spec = BenchConfig(
-        base_url="http://x", model="m", label=label, num_requests=n, load=ClosedLoop()
-    )
-    manifest = Manifest(spec={}, prompt_set_hash="h", num_prompts=n, started_at="now")
-    return result_from_records(spec, records, Acceptance(available=False), manifest)
+    return closed_loop_result(label, records, n)
 
 
 def test_window_shares_add_up_to_the_window() -> None:

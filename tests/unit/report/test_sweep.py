@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from specserve.bench.inputs import BenchConfig, ClosedLoop
 from specserve.bench.records import ChunkRecord, RequestRecord
-from specserve.bench.results import BenchResult, Manifest
-from specserve.bench.runner import result_from_records
-from specserve.bench.scrape import Acceptance
+from specserve.bench.results import BenchResult
 from specserve.report.svg import scatter_chart, xy_chart
 from specserve.report.sweep import SweepPoint, crossover, curve_chart, over_run_charts
+from tests.bench_results import closed_loop_result
 
 MS = 1_000_000
 NS = "{http://www.w3.org/2000/svg}"
@@ -43,15 +41,7 @@ def arm(label: str, tpot_ms: float, concurrency: int, n: int = 6) -> BenchResult
                 usage_completion_tokens=10,
             )
         )
-    spec = BenchConfig(
-        base_url="http://x",
-        model="m",
-        label=label,
-        num_requests=n,
-        load=ClosedLoop(concurrency=concurrency),
-    )
-    manifest = Manifest(spec={}, prompt_set_hash="h", num_prompts=n, started_at="now")
-    return result_from_records(spec, records, Acceptance(available=False), manifest)
+    return closed_loop_result(label, records, n, concurrency)
 
 
 def sweep(base_spec_ms: list[tuple[float, float]]) -> list[SweepPoint]:
