@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from specserve.bench.inputs import BenchConfig, ClosedLoop
-from specserve.bench.records import RequestRecord
+from specserve.bench.records import ChunkRecord, RequestRecord
 from specserve.bench.results import BenchResult, Manifest
 from specserve.bench.runner import result_from_records
 from specserve.bench.scrape import Acceptance
@@ -33,3 +34,22 @@ def closed_loop_result(
         started_at="now",
     )
     return result_from_records(config, list(records), Acceptance(available=False), manifest)
+
+
+def streamed_record(
+    i: int, label: str, send_ns: int, chunks: Sequence[ChunkRecord], **fields: Any
+) -> RequestRecord:
+    """Request ``i`` of arm ``label`` sent at ``send_ns`` whose tokens came as ``chunks``
+    (category ``c``; ``fields`` override the rest, e.g. ``batch`` or ``error``)."""
+    values: dict[str, Any] = {
+        "request_id": i,
+        "arm": label,
+        "prompt_id": f"p{i}",
+        "category": "c",
+        "scheduled_ns": send_ns,
+        "send_ns": send_ns,
+        "done_ns": chunks[-1].t_ns,
+        "chunks": list(chunks),
+        "usage_completion_tokens": chunks[-1].usage_completion_tokens,
+    }
+    return RequestRecord(**{**values, **fields})

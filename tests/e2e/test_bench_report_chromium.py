@@ -34,22 +34,23 @@ BLUE = (0x1F, 0x77, 0xB4)  # first palette colour: baseline lines and bars
 ON_GREEN = (0x1A, 0x7F, 0x37)  # background of a "Turn it ON" verdict
 
 
+def headless(*flags: str) -> list[str]:
+    """The Chromium command line for one headless render with ``flags``."""
+    assert CHROMIUM is not None
+    return [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *flags]
+
+
 def screenshot(html: Path, png: Path, height: int) -> list[str]:
     """Render ``html``; returns Chromium's console-message log lines."""
     assert CHROMIUM is not None
     proc = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
+        headless(
             "--enable-logging=stderr",
             "--v=0",
             f"--window-size=1300,{height}",
             f"--screenshot={png}",
             html.resolve().as_uri(),
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -128,17 +129,12 @@ def layout(html: Path, height: int) -> dict:
     probe = html.with_name("probe.html")
     probe.write_text(html.read_text(encoding="utf-8").replace("</body>", PROBE), encoding="utf-8")
     proc = subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
+        headless(
             f"--window-size=1300,{height}",
             "--virtual-time-budget=5000",
             "--dump-dom",
             probe.resolve().as_uri(),
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=120,

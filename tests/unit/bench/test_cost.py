@@ -9,9 +9,9 @@ import pytest
 from specserve.bench.compare import compare
 from specserve.bench.cost import saving_ci, window_shares
 from specserve.bench.pricing import resolve_pricing
-from specserve.bench.records import ChunkRecord, RequestRecord
+from specserve.bench.records import ChunkRecord
 from specserve.bench.results import BenchResult
-from tests.bench_results import closed_loop_result
+from tests.bench_results import closed_loop_result, streamed_record
 
 MS = 1_000_000
 
@@ -31,19 +31,7 @@ def sequential(label: str, ms_per_token: float, n: int = 30, seed: int = 0) -> B
             )
         failed = i % 10 == 9
         records.append(
-            RequestRecord(
-                request_id=i,
-                arm=label,
-                prompt_id=f"p{i}",
-                category="c",
-                batch=i,
-                scheduled_ns=send,
-                send_ns=send,
-                done_ns=t,
-                chunks=chunks,
-                usage_completion_tokens=done,
-                error="dropped" if failed else None,
-            )
+            streamed_record(i, label, send, chunks, batch=i, error="dropped" if failed else None)
         )
         t += 5 * MS  # gap between batches: not in the window
     return closed_loop_result(label, records, n)

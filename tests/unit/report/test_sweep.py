@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from specserve.bench.records import ChunkRecord, RequestRecord
+from specserve.bench.records import ChunkRecord
 from specserve.bench.results import BenchResult
 from specserve.report.svg import scatter_chart, xy_chart
 from specserve.report.sweep import SweepPoint, crossover, curve_chart, over_run_charts
-from tests.bench_results import closed_loop_result
+from tests.bench_results import closed_loop_result, streamed_record
 
 MS = 1_000_000
 NS = "{http://www.w3.org/2000/svg}"
@@ -28,19 +28,7 @@ def arm(label: str, tpot_ms: float, concurrency: int, n: int = 6) -> BenchResult
             )
             for k in range(10)
         ]
-        records.append(
-            RequestRecord(
-                request_id=i,
-                arm=label,
-                prompt_id=f"p{i}",
-                category="c",
-                scheduled_ns=send,
-                send_ns=send,
-                done_ns=chunks[-1].t_ns,
-                chunks=chunks,
-                usage_completion_tokens=10,
-            )
-        )
+        records.append(streamed_record(i, label, send, chunks))
     return closed_loop_result(label, records, n, concurrency)
 
 
