@@ -23,6 +23,7 @@ from specserve.bench.runner import run_ab
 from specserve.experiment.config import ExperimentConfig
 from specserve.experiment.runner import run_experiment
 from specserve.report.html import write_report
+from tests.mock_endpoints import mock_endpoints
 
 PIL = pytest.importorskip("PIL.Image")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -152,10 +153,7 @@ def test_experiment_report_answers_in_the_first_screen(tmp_path: Path) -> None:
         cfg = ExperimentConfig.model_validate(
             {
                 "output_dir": str(tmp_path / "out"),
-                "endpoints": {
-                    "baseline": {"base_url": f"http://127.0.0.1:{base.port}", "model": "m"},
-                    "speculative": {"base_url": f"http://127.0.0.1:{spec.port}", "model": "m"},
-                },
+                "endpoints": mock_endpoints(base.port, spec.port, model="m"),
                 "benchmark": {
                     "concurrency": [1, 2],
                     "rates": [30],

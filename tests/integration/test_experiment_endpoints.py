@@ -11,6 +11,7 @@ import yaml
 
 from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.cli import main
+from tests.mock_endpoints import mock_endpoints
 
 
 def test_experiment_on_endpoints_writes_results(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -20,10 +21,7 @@ def test_experiment_on_endpoints_writes_results(tmp_path: Path, capsys) -> None:
         cfg = {
             "name": "mock-ab",
             "output_dir": str(tmp_path / "out"),
-            "endpoints": {
-                "baseline": {"base_url": f"http://127.0.0.1:{base.port}", "model": "mock-model"},
-                "speculative": {"base_url": f"http://127.0.0.1:{spec.port}", "model": "mock-model"},
-            },
+            "endpoints": mock_endpoints(base.port, spec.port),
             "benchmark": {"num_requests": 4, "warmup_requests": 1, "max_tokens": 12},
         }
         path = tmp_path / "exp.yaml"
@@ -65,10 +63,7 @@ def test_sweep_with_rates_prices_both_arms_and_leads_with_the_verdict(
         cfg = {
             "name": "mock-sweep",
             "output_dir": str(tmp_path / "out"),
-            "endpoints": {
-                "baseline": {"base_url": f"http://127.0.0.1:{base.port}", "model": "mock-model"},
-                "speculative": {"base_url": f"http://127.0.0.1:{spec.port}", "model": "mock-model"},
-            },
+            "endpoints": mock_endpoints(base.port, spec.port),
             "benchmark": {
                 "suites": ["structured"],
                 "concurrency": [1, 2],

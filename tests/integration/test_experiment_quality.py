@@ -15,6 +15,7 @@ from specserve.bench.mock_server import MockConfig, serve_in_thread
 from specserve.cli import main
 from specserve.experiment.config import load_config
 from specserve.experiment.runner import run_experiment
+from tests.mock_endpoints import mock_endpoints
 
 # The body of HumanEval/0 (has_close_elements): right there, wrong (a NameError) elsewhere.
 GOOD_BODY = (
@@ -27,10 +28,7 @@ def _config(tmp_path: Path, base_port: int, spec_port: int, quality: object) -> 
     cfg = {
         "name": "mock-quality",
         "output_dir": str(tmp_path / "out"),
-        "endpoints": {
-            "baseline": {"base_url": f"http://127.0.0.1:{base_port}", "model": "mock-model"},
-            "speculative": {"base_url": f"http://127.0.0.1:{spec_port}", "model": "mock-model"},
-        },
+        "endpoints": mock_endpoints(base_port, spec_port),
         "benchmark": {
             "suites": ["structured"],
             "num_requests": 2,
