@@ -135,6 +135,20 @@ def empty_chart(title: str, message: str) -> str:
     )
 
 
+def _path(f: _Frame, points: Sequence[tuple[float, float]], step: bool) -> str:
+    """SVG path data through ``points`` in order: straight segments, or with ``step``
+    horizontal-then-vertical ones."""
+    out = []
+    for j, (x, y) in enumerate(points):
+        if j == 0:
+            out.append(f"M{f.px(x):.1f},{f.py(y):.1f}")
+        elif step:
+            out.append(f"H{f.px(x):.1f}V{f.py(y):.1f}")
+        else:
+            out.append(f"L{f.px(x):.1f},{f.py(y):.1f}")
+    return "".join(out)
+
+
 def step_chart(
     title: str,
     xlabel: str,
@@ -151,16 +165,8 @@ def step_chart(
     f = _Frame(title, xlabel, ylabel, (min(0.0, min(xs)), max(xs)), (min(0.0, min(ys)), max(ys)))
     for i, (label, s) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
-        path: list[str] = []
-        for j, (x, y) in enumerate(s):
-            if j == 0:
-                path.append(f"M{f.px(x):.1f},{f.py(y):.1f}")
-            elif step:
-                path.append(f"H{f.px(x):.1f}V{f.py(y):.1f}")
-            else:
-                path.append(f"L{f.px(x):.1f},{f.py(y):.1f}")
         f.parts.append(
-            f'<path d="{"".join(path)}" fill="none" stroke="{color}" stroke-width="1.6"/>'
+            f'<path d="{_path(f, s, step)}" fill="none" stroke="{color}" stroke-width="1.6"/>'
         )
         if markers:
             f.parts += [
@@ -257,9 +263,7 @@ def xy_chart(
         color = (colors or {}).get(label, PALETTE[i % len(PALETTE)])
         dash = ' stroke-dasharray="5 3"' if label in dashed else ""
         if lines and len(s) > 1:
-            d = "".join(
-                f"{'M' if j == 0 else 'L'}{f.px(x):.1f},{f.py(y):.1f}" for j, (x, y) in enumerate(s)
-            )
+            d = _path(f, s, step=False)
             f.parts.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.6"{dash}/>')
         f.parts += [
             f'<circle cx="{f.px(x):.1f}" cy="{f.py(y):.1f}" r="{3 if lines else 2}" '
