@@ -15,6 +15,42 @@ WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
 SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid"]
 
 
+QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4")
+
+
+def resolve_dtype(
+    requested: str | None,
+    weights: str | None,
+    draft_weights: str | None = None,
+    device: str = "cpu",
+) -> tuple[DType, str | None]:
+    """The compute dtype for ``--dtype requested`` (None or ``auto``: choose), and a warning
+    for a choice that forgoes the fast path.
+
+    ``auto`` is ``bfloat16`` when the weights (target's or draft's) are int8/int4 on CPU or
+    stored as bf16 — the native CPU kernels compute in bf16 only — and ``float32`` otherwise.
+    An explicit ``float32`` with int8/int4 weights on CPU is kept, with a warning saying what
+    it costs.
+    """
+    formats = {f for f in (weights, draft_weights) if f is not None}
+    quantised = sorted(formats & set(QUANTISED_FORMATS))
+    on_cpu = device.split(":")[0] == "cpu"
+    if requested in (None, "auto"):
+        if (quantised and on_cpu) or weights == "bf16":
+            return "bfloat16", None
+        return "float32", None
+    if requested not in get_args(DType):
+        raise ValueError(f"unknown dtype {requested!r}; known: auto, {', '.join(get_args(DType))}")
+    warning = None
+    if requested == "float32" and quantised and on_cpu:
+        warning = (
+            f"--dtype float32 with {'/'.join(quantised)} weights: the native CPU kernels compute "
+            "in bfloat16 only, so these weights run on PyTorch's dequantising fallback, many "
+            "times slower; drop --dtype (auto) or pass --dtype bfloat16"
+        )
+    return requested, warning  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model to load and how.

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from specserve.commands.serve import add_weight_format_args, parse_k
-from specserve.config import SpecConfig
+from specserve.config import SpecConfig, resolve_dtype
 from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import check_vocab_compatible
@@ -37,7 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept")
     p.add_argument("--top-k", type=int, default=0, help="most likely tokens kept (0 = all)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="compute dtype; auto: bfloat16 for int8/int4 or bf16 weights (the native CPU "
+        "kernels' dtype), else float32",
+    )
     add_weight_format_args(
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
@@ -92,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
             k_max=max(args.k_max, args.num_speculative_tokens or 1),
             draft_weights=args.draft_weights,
         )
-        dtype = torch_dtype(args.dtype)
+        dtype_name, warning = resolve_dtype(args.dtype, args.weights, args.draft_weights)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        dtype = torch_dtype(dtype_name)
         target = load_in_format(args.model, args.weights, dtype)
         tok = target.tokenizer
         prompt_ids = (

@@ -25,6 +25,7 @@ from specserve.config import (
     SchedulerConfig,
     SpecConfig,
     SpecMethod,
+    resolve_dtype,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,13 @@ def register(subparsers: Any) -> None:
         "max_model_len are ignored)",
     )
     p.add_argument("--k-max", type=int, default=8, help="largest k the controller may choose")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="compute dtype; auto: bfloat16 for int8/int4 or bf16 weights on CPU (the native "
+        "kernels' dtype), else float32",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
     p.add_argument("--max-num-seqs", type=int, default=16, help="most requests per step")
@@ -199,10 +206,13 @@ def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration an argument namespace asks for (ValueError if invalid)."""
+    dtype, warning = resolve_dtype(args.dtype, args.weights, args.draft_weights, args.device)
+    if warning:
+        logger.warning("%s", warning)
     return EngineConfig(
         model=ModelConfig(
             model=args.model,
-            dtype=args.dtype,
+            dtype=dtype,
             device=args.device,
             max_model_len=args.max_model_len,
             weights=args.weights,

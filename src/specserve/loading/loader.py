@@ -21,6 +21,7 @@ from specserve.loading.tokenizer import Tokenizer
 from specserve.loading.transport import fetch
 from specserve.models.arch import ArchConfig, UnsupportedModelError
 from specserve.models.decoder import DecoderLM, RotaryEmbedding
+from specserve.models.native import fused_layer
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def build_model(
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta).to(device)
+    fused_layer.enable(model)  # bf16 on CPU: one native op per layer where the model qualifies
     return model.requires_grad_(False).eval()
 
 

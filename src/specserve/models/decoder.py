@@ -33,6 +33,8 @@ LayerRunner = Callable[
     ["DecoderLM", torch.Tensor, torch.Tensor, torch.Tensor, "AttentionMetadata", KVCacheTensors],
     torch.Tensor,
 ]
+# Computes the logits (see DecoderLM.logits_runner): (model, hidden # [..., hidden]) -> fp32.
+LogitsRunner = Callable[["DecoderLM", torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -293,6 +295,9 @@ class DecoderLM(nn.Module):
         # Short forwards run all layers through this runner when one is installed
         # (models/native/fused_layer.py: enable installs one native op per layer).
         self.layer_runner: LayerRunner | None = None
+        # compute_logits runs through this when one is installed (fused_layer.py: the native
+        # bf16 LM head).
+        self.logits_runner: LogitsRunner | None = None
         # An inference engine: no parameter ever needs a gradient.
         self.requires_grad_(False)
 
@@ -340,6 +345,8 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden # [..., hidden_size]`` -> logits ``# [..., vocab_size]`` in fp32."""
+        if self.logits_runner is not None:
+            return self.logits_runner(self, hidden)
         return self.lm_head(hidden).float()
 
     def make_kv_cache(self, num_blocks: int, block_size: int) -> KVCacheTensors:

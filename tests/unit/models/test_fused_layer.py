@@ -1,4 +1,5 @@
-"""Fused decoder layers (one native op per layer, int4 weights, bf16): when the path is on,
+"""Fused decoder layers (one native op per layer, int4 or bf16 weights, bf16 activations):
+when the path is on,
 agreement with the eager layers, bit-exact invariance to chunking, batching and context
 padding, argument errors, the environment switch and torch.compile."""
 
@@ -11,13 +12,18 @@ import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import AttentionMetadata, DecoderLM
-from specserve.models.native import fused_layer, int4_native
+from specserve.models.native import bf16_native, fused_layer, int4_native
 from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
 
 native = pytest.mark.skipif(
     not int4_native.available(), reason=f"native int4 kernel: {int4_native.unavailable_reason()}"
 )
+native_bf16 = pytest.mark.skipif(
+    not bf16_native.available(), reason=f"native bf16 kernel: {bf16_native.unavailable_reason()}"
+)
+# Both forms of the op: quantised to int4, and the model's own bf16 weights.
+FORMATS = [pytest.param("int4", marks=native), pytest.param("bf16", marks=native_bf16)]
 
 SHAPE = dict(hidden_size=128, intermediate_size=192, num_heads=4, num_kv_heads=2, head_dim=32)
 
@@ -30,6 +36,9 @@ def _model(
     **overrides: object,
 ) -> DecoderLM:
     tiny = make_tiny_model(family, seed=seed, **{**SHAPE, **overrides}).to(dtype)
+    if fmt == "bf16":  # the loader enables the path on every model it builds
+        fused_layer.enable(tiny)
+        return tiny
     return quantize_model(tiny, fmt, 32)  # type: ignore[arg-type]
 
 
@@ -42,21 +51,23 @@ def _eager_twin(model: DecoderLM) -> DecoderLM:
 IDS = [5, 17, 3, 44, 9, 71, 2, 30, 8, 61, 12, 19, 27, 4, 50, 33, 6, 90, 14, 21, 38, 11]
 
 
-@native
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_enabled_for_int4_bf16(family: str) -> None:
-    model = _model(family)
+def test_enabled_for_bf16_models(family: str, fmt: str) -> None:
+    model = _model(family, fmt)
     assert model.fused_layers and fused_layer.why_not(model) is None
     assert all(layer.fused is not None for layer in model.model.layers)
+    # The dense model also gets the native LM head (int4 models quantise theirs).
+    assert (model.logits_runner is not None) == (fmt == "bf16")
 
 
-@native
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        (dict(dtype=torch.float32), "bf16"),
-        (dict(fmt="int8"), "native int4"),
-        (dict(head_dim=16), "head_dim 16"),
+        pytest.param(dict(dtype=torch.float32), "bf16", marks=native_bf16),
+        pytest.param(dict(fmt="int8"), "native int4", marks=native_bf16),
+        pytest.param(dict(head_dim=8), "head_dim 8", marks=native_bf16),
+        pytest.param(dict(fmt="bf16", intermediate_size=200), "down_proj", marks=native_bf16),
     ],
 )
 def test_off_where_the_model_does_not_qualify(kwargs: dict, reason: str) -> None:  # type: ignore[type-arg]
@@ -66,20 +77,20 @@ def test_off_where_the_model_does_not_qualify(kwargs: dict, reason: str) -> None
     assert why is not None and reason in why, why
 
 
-@native
-def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_env_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
     monkeypatch.setenv("SPECSERVE_FUSED_LAYER", "0")
-    model = _model()
-    assert not model.fused_layers
+    model = _model(fmt=fmt)
+    assert not model.fused_layers and model.logits_runner is None
     assert "SPECSERVE_FUSED_LAYER" in str(fused_layer.why_not(model))
 
 
-@native
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])  # q/k/v bias; q/k norms
-def test_agrees_with_the_eager_layers(family: str) -> None:
+def test_agrees_with_the_eager_layers(family: str, fmt: str) -> None:
     """Prefill (eager in both), then decode steps: fused and eager hidden states agree to
     bf16 rounding, and so do the greedy tokens."""
-    fused = _model(family)
+    fused = _model(family, fmt)
     eager = _eager_twin(fused)
     a, b = SingleSequenceCache(fused, 64), SingleSequenceCache(eager, 64)
     assert torch.equal(a.forward(IDS[:18]), b.forward(IDS[:18]))  # 18 > MAX_ROWS: eager
@@ -90,10 +101,10 @@ def test_agrees_with_the_eager_layers(family: str) -> None:
         assert torch.equal(fused.compute_logits(ha).argmax(-1), eager.compute_logits(hb).argmax(-1))
 
 
-@native
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_chunks_equal_token_by_token_bit_for_bit(family: str) -> None:
-    model = _model(family)
+def test_chunks_equal_token_by_token_bit_for_bit(family: str, fmt: str) -> None:
+    model = _model(family, fmt)
     one = SingleSequenceCache(model, 64)
     one.forward(IDS[:18])
     by_token = torch.cat([one.forward([i]) for i in IDS])
@@ -118,11 +129,11 @@ def _meta(seqs: list[tuple[int, int, int]], block: int, pad: int = 0) -> Attenti
     return AttentionMetadata(torch.tensor(positions), torch.tensor(slots), torch.tensor(context))
 
 
-@native
-def test_rows_do_not_depend_on_the_batch_or_the_context_padding() -> None:
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_do_not_depend_on_the_batch_or_the_context_padding(fmt: str) -> None:
     """Two sequences of different lengths in one padded batch give the bits each gets alone,
     with any amount of context padding."""
-    model = _model()
+    model = _model(fmt=fmt)
     block = 16
     prompts = [IDS[:9], IDS[4:20]]
     new = [[3, 8, 1], [60, 2, 9]]
@@ -140,9 +151,9 @@ def test_rows_do_not_depend_on_the_batch_or_the_context_padding() -> None:
     assert torch.equal(both[1], run([0, 1], 13)[1])
 
 
-@native
-def test_bad_arguments_raise_clear_errors() -> None:
-    model = _model()
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bad_arguments_raise_clear_errors(fmt: str) -> None:
+    model = _model(fmt=fmt)
     kv = model.make_kv_cache(num_blocks=4, block_size=16)
     x = torch.zeros(1, 1, 128, dtype=torch.bfloat16)
     cos = sin = torch.zeros(1, 1, 32, dtype=torch.bfloat16)
@@ -158,9 +169,9 @@ def test_bad_arguments_raise_clear_errors() -> None:
         fused_layer.run_layers(model, x.float(), cos, sin, meta, kv)
 
 
-@native
-def test_runs_under_torch_compile() -> None:
-    model = _model()
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_runs_under_torch_compile(fmt: str) -> None:
+    model = _model(fmt=fmt)
     cache = SingleSequenceCache(model, 64)
     cache.forward(IDS[:18])
     expected = cache.forward([7, 9])
@@ -169,12 +180,12 @@ def test_runs_under_torch_compile() -> None:
     assert torch.equal(cache.forward([7, 9]), expected)
 
 
-@native
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_engine_batching_and_speculation_equal_plain(method: str) -> None:
+def test_engine_batching_and_speculation_equal_plain(method: str, fmt: str) -> None:
     """Continuous batching (staggered arrivals, chunked prefill) with speculation on fused
-    int4 models gives exactly batch-1 plain greedy output. Prompts are at most MAX_ROWS
-    tokens, so every forward of both runs takes the fused path."""
+    models gives exactly batch-1 plain greedy output. Prompts are at most MAX_ROWS tokens,
+    so every forward of both runs takes the fused path."""
     import random
 
     from specserve.sampling_params import SamplingParams
@@ -182,8 +193,8 @@ def test_engine_batching_and_speculation_equal_plain(method: str) -> None:
     from tests.integration.test_engine_plain import run_staggered, tokens_of
     from tests.integration.test_engine_spec import make_engine
 
-    target = _model(vocab_size=13)
-    draft = _model(vocab_size=13, seed=1) if method == "draft" else None
+    target = _model(fmt=fmt, vocab_size=13)
+    draft = _model(fmt=fmt, vocab_size=13, seed=1) if method == "draft" else None
     assert target.fused_layers and (draft is None or draft.fused_layers)
     engine = make_engine(target, method, 3, draft)
     rng = random.Random(0)

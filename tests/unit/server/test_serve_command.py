@@ -87,3 +87,40 @@ def test_truncated_draft_needs_a_draft_model() -> None:
     args = build_parser().parse_args(["serve", "--model", "t", "--draft-num-layers", "6"])
     with pytest.raises(ValueError, match="draft_num_layers=6 needs a draft model"):
         engine_config_from_args(args)
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        ([], "float32"),  # fp32 weights by default: fp32 compute, as before
+        (["--weights", "int4"], "bfloat16"),
+        (["--weights", "int8"], "bfloat16"),
+        (["--weights", "bf16"], "bfloat16"),
+        (["--draft-model", "d", "--draft-weights", "int4"], "bfloat16"),
+        (["--weights", "int4", "--device", "cuda"], "float32"),  # no native CPU kernel there
+        (["--weights", "int4", "--dtype", "bfloat16"], "bfloat16"),
+    ],
+)
+def test_auto_dtype_follows_the_weight_format(flags: list[str], dtype: str) -> None:
+    args = build_parser().parse_args(["serve", "--model", "t", *flags])
+    assert args.dtype == "auto" or "--dtype" in flags
+    assert engine_config_from_args(args).model.dtype == dtype
+
+
+def test_explicit_fp32_with_int4_weights_is_kept_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--model", "t", "--weights", "int4", "--dtype", "float32"]
+    )
+    with caplog.at_level("WARNING"):
+        config = engine_config_from_args(args)
+    assert config.model.dtype == "float32"
+    assert any("--dtype float32 with int4 weights" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_dtype_is_refused() -> None:
+    from specserve.config import resolve_dtype
+
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'; known: auto"):
+        resolve_dtype("fp8", None)

@@ -1,12 +1,14 @@
 """Build and load specserve's native CPU op library (``csrc/``) on first use.
 
-``torch.utils.cpp_extension.load`` compiles the sources (``-O3 -march=native``, against
-torch's C++ headers: a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``.
+``torch.utils.cpp_extension.load`` compiles the sources — the int4 and bf16 matmuls, the fused
+decoder layers and the AVX2 helpers they share — (``-O3 -march=native``, against torch's C++
+headers: a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``.
 The key hashes the sources and headers, the flags, the torch and Python versions and this CPU's
 model and flags, so a cache shared between machines never loads a library built for another
 CPU; later processes only load it. The ops register as ``torch.ops.specserve.*``; their
 shape-only fakes let ``torch.compile`` trace through them. What the ops compute, and when they
-are used, is in ``int4_native.py`` and ``fused_layer.py``.
+are used, is in ``int4_native.py``, ``bf16_native.py`` and ``fused_layer.py``. Every op needs
+AVX2, FMA and F16C (:data:`REQUIRED_CPU_FLAGS`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from specserve.paths import cache_root
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-# One library: the matmul, and the fused decoder layer (models/native/fused_layer.py) that calls it.
-SOURCES = (CSRC / "int4_gemv.cpp", CSRC / "decoder_layer.cpp")
-HEADERS = (CSRC / "int4_gemv.h",)
+# One library: the int4 and bf16 matmuls, and the fused decoder layers
+# (models/native/fused_layer.py) that call them.
+SOURCES = (CSRC / "int4_gemv.cpp", CSRC / "bf16_gemm.cpp", CSRC / "decoder_layer.cpp")
+HEADERS = (CSRC / "int4_gemv.h", CSRC / "bf16_gemm.h", CSRC / "simd.h")
 # -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
 # written in every instantiation (batch invariance).
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
@@ -90,6 +93,27 @@ def op_loaded() -> bool:
         return False
 
 
+def load_library() -> str | None:
+    """Build (unless cached) and load the op library into this process if this CPU can run
+    it; None on success (or when it is loaded already), else why not. Each kernel module
+    then runs its own self-test."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"needs an x86-64 CPU, this is {platform.machine()}"
+    model, flags = cpu_signature()
+    if flags:
+        missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+        if missing:
+            return f"this CPU lacks {', '.join(missing)}"
+    if not op_loaded():
+        start = time.perf_counter()
+        try:
+            directory = build_and_load(model, flags)
+        except Exception as exc:  # no compiler / ninja, compile error, unwritable cache, ...
+            return f"build failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
+        logger.debug("native ops loaded in %.1f s from %s", time.perf_counter() - start, directory)
+    return None
+
+
 def build_and_load(model: str, flags: set[str]) -> Path:
     """Compile (unless the cached build is current) and load the op library; its directory."""
     from torch.utils import cpp_extension
@@ -112,8 +136,8 @@ def build_and_load(model: str, flags: set[str]) -> Path:
 
 
 def register_fakes() -> None:
-    """Shape-only implementations of the library's ops (the matmul and the fused decoder
-    layer of models/native/fused_layer.py), so ``torch.compile`` can trace through them."""
+    """Shape-only implementations of the library's ops (the matmuls and the fused decoder
+    layers of models/native/fused_layer.py), so ``torch.compile`` can trace through them."""
 
     def gemm(
         x: torch.Tensor,
@@ -125,10 +149,18 @@ def register_fakes() -> None:
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features))
 
+    def bf16_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], weight.shape[0]))
+
     def decoder_layer(x: torch.Tensor, *args: object) -> torch.Tensor:
         return x.new_empty(x.shape)
 
-    for name, fake in (("int4_gemm", gemm), ("int4_decoder_layer", decoder_layer)):
+    for name, fake in (
+        ("int4_gemm", gemm),
+        ("bf16_gemm", bf16_gemm),
+        ("int4_decoder_layer", decoder_layer),
+        ("bf16_decoder_layer", decoder_layer),
+    ):
         try:
             torch.library.register_fake(f"specserve::{name}", fake)
         except RuntimeError as exc:  # registered already (e.g. the module was reloaded)

@@ -1,22 +1,31 @@
-"""Decode and verify steps with one native call per decoder layer (int4 weights, bf16, CPU).
+"""Decode and verify steps with one native call per decoder layer (bf16 models on CPU).
 
-Why: at batch 1 a step of the 1.5B target reads ~0.9 GB of int4 weights (~30 ms here), but
-the eager module dispatches ~1,900 small ATen ops per step around those matmuls (norms, RoPE,
-cache writes, attention, residuals), which cost another 10-15 ms. ``specserve::
-int4_decoder_layer`` (``csrc/decoder_layer.cpp``) runs a whole layer in one call on reused
-buffers.
+Why: a decode step is bound by reading the weights, but the eager module also dispatches
+~1,900 small ATen ops per step around those matmuls (norms, RoPE, cache writes, attention,
+residuals), which cost another 10-15 ms at the 1.5B's size. A native op
+(``csrc/decoder_layer.cpp``) runs a whole layer in one call on reused buffers, in one of two
+forms:
 
-When: :func:`enable` is called on every model quantised to int4 (models/quant/quantize.py). It turns
-the path on only where every layer can take it: bf16 activations on CPU, every projection on
-the native int4 kernel (models/native/int4_native.py), head_dim a multiple of 32.
-Chunks of at most ``MAX_ROWS`` new tokens per sequence (decode steps, ``k + 1``-token
-verifies) take it; longer chunks (prefill) keep the eager path. ``SPECSERVE_FUSED_LAYER=0``
-turns it off (checked when a model is set up), e.g. to compare both paths.
+- ``int4_decoder_layer`` for models quantised to int4 whose projections all run on the native
+  int4 kernel (models/native/int4_native.py);
+- ``bf16_decoder_layer`` for unquantised bf16 models, on the model's own weights through the
+  native bf16 kernel (models/native/bf16_native.py). Such a model also gets the native LM
+  head (``DecoderLM.logits_runner``).
+
+When: :func:`enable` is called on every model that the loader builds and on every quantised
+one (models/quant/quantize.py). It turns the path on only where every layer can take it: bf16
+activations on CPU, every projection on one of the native kernels, head_dim and hidden sizes
+multiples of 16. Chunks of at most ``MAX_ROWS`` new tokens per sequence (decode steps,
+``k + 1``-token verifies) take it; longer chunks (prefill) keep the eager path.
+``SPECSERVE_FUSED_LAYER=0`` turns it off (checked when a model is set up), e.g. to compare
+both paths.
 
 Numbers: the op rounds to bf16 wherever the eager bf16 path does, and accumulates in fp32, so
-the two agree to bf16 rounding but not bit for bit. Like the eager row-by-row attention, each
-query row's result is independent of the batch and of the chunk it is in: speculative greedy
-output equals plain greedy output on this path too.
+the two agree to bf16 rounding but not bit for bit. Each query row's result is independent of
+the batch, of the chunk it is in and of the context length the batch is padded to, so
+speculative greedy output equals plain greedy output on this path, also with several
+sequences batched. The prompt's prefill runs on the eager path in both cases: its first token
+and the prompt's cached keys and values are the same for a plain and a speculative run.
 """
 
 from __future__ import annotations
@@ -30,21 +39,24 @@ import torch
 
 from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLayer, DecoderLM
-from specserve.models.native import int4_native
+from specserve.models.native import bf16_native, int4_native
 from specserve.models.native.env_switch import switched_off
 from specserve.models.quant.layers import Int4Linear
 
 logger = logging.getLogger(__name__)
 
+_MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
 _ENV_SWITCH = "SPECSERVE_FUSED_LAYER"
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """The tensors and sizes ``int4_decoder_layer`` takes for one layer, in its order."""
+    """The op (``int4_decoder_layer`` or ``bf16_decoder_layer``) for one layer and the
+    tensors and sizes it takes after the activations and cache, in its order."""
 
     layer_idx: int
+    op: str
     args: tuple[object, ...]
 
 
@@ -63,18 +75,12 @@ class _NotFusable(Exception):
     pass
 
 
-def _layer_weights(layer: DecoderLayer) -> LayerWeights:
-    attn, mlp = layer.self_attn, layer.mlp
-    qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
-    qkv_args = _native_args(qkv, "qkv_proj")
-    o_args = _native_args(attn.o_proj, "o_proj")
-    gu_args = _native_args(gate_up, "gate_up_proj")
-    down_args = _native_args(mlp.down_proj, "down_proj")
-    assert isinstance(qkv, Int4Linear) and isinstance(gate_up, Int4Linear)
+def _norms(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """(input norm, post-attention norm, (q_norm, k_norm) or two empty tensors), checked."""
+    attn = layer.self_attn
     none = torch.empty(0, dtype=torch.bfloat16)
-    bias = qkv.bias if qkv.bias is not None else none
     norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    qk_norms = (none, none)
+    qk_norms: tuple[torch.Tensor, ...] = (none, none)
     if attn.q_norm is not None and attn.k_norm is not None:  # Qwen3: per-head RMSNorm
         if attn.q_norm.eps != layer.input_layernorm.eps:
             raise _NotFusable("q/k norms with their own eps")
@@ -82,15 +88,28 @@ def _layer_weights(layer: DecoderLayer) -> LayerWeights:
         norms += qk_norms
     if any(n.dtype != torch.bfloat16 or not n.is_contiguous() for n in norms):
         raise _NotFusable("norm weights are not contiguous bf16")
+    return norms[0], norms[1], qk_norms
+
+
+def _int4_layer(layer: DecoderLayer) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
+    qkv_args = _native_args(qkv, "qkv_proj")
+    o_args = _native_args(attn.o_proj, "o_proj")
+    gu_args = _native_args(gate_up, "gate_up_proj")
+    down_args = _native_args(mlp.down_proj, "down_proj")
+    assert isinstance(qkv, Int4Linear) and isinstance(gate_up, Int4Linear)
+    bias = qkv.bias if qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
+    input_norm, post_norm, qk_norms = _norms(layer)
     args = (
-        norms[0],
+        input_norm,
         *qkv_args,
         bias.contiguous(),
         *qk_norms,
         qkv.group_size,
         *o_args,
         attn.o_proj.group_size,  # type: ignore[union-attr]
-        norms[1],
+        post_norm,
         *gu_args,
         gate_up.group_size,
         *down_args,
@@ -99,7 +118,48 @@ def _layer_weights(layer: DecoderLayer) -> LayerWeights:
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
     )
-    return LayerWeights(attn.layer_idx, args)
+    return LayerWeights(attn.layer_idx, "int4_decoder_layer", args)
+
+
+def _dense(linear: object, what: str) -> torch.nn.Linear:
+    if type(linear) is not torch.nn.Linear:
+        raise _NotFusable(f"{what} is {type(linear).__name__}, not a bf16 linear")
+    w = linear.weight
+    if w.dtype != torch.bfloat16 or not w.is_contiguous() or w.shape[1] % bf16_native.K_MULTIPLE:
+        raise _NotFusable(f"{what} weight is not contiguous bf16 with a multiple of 16 inputs")
+    return linear
+
+
+def _bf16_layer(layer: DecoderLayer) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    q, k, v = (_dense(getattr(attn, f"{p}_proj"), f"{p}_proj") for p in "qkv")
+    o = _dense(attn.o_proj, "o_proj")
+    gate, up, down = (_dense(getattr(mlp, f"{p}_proj"), f"{p}_proj") for p in _MLP)
+    if o.bias is not None or any(m.bias is not None for m in (gate, up, down)):
+        raise _NotFusable("biases outside q/k/v")
+    biases = [m.bias for m in (q, k, v)]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise _NotFusable("bias on only some of q/k/v")
+    none = torch.empty(0, dtype=torch.bfloat16)
+    bias = torch.cat([b for b in biases if b is not None]) if biases[0] is not None else none
+    input_norm, post_norm, qk_norms = _norms(layer)
+    args = (
+        input_norm,
+        q.weight,
+        k.weight,
+        v.weight,
+        bias.to(torch.bfloat16).contiguous(),
+        *qk_norms,
+        o.weight,
+        post_norm,
+        gate.weight,
+        up.weight,
+        down.weight,
+        attn.num_heads,
+        attn.num_kv_heads,
+        float(layer.input_layernorm.eps),
+    )
+    return LayerWeights(attn.layer_idx, "bf16_decoder_layer", args)
 
 
 def _plan(model: DecoderLM) -> list[LayerWeights] | str:
@@ -109,12 +169,16 @@ def _plan(model: DecoderLM) -> list[LayerWeights] | str:
     if model.dtype != torch.bfloat16 or model.device.type != "cpu":
         return f"needs bf16 on CPU, the model is {model.dtype} on {model.device}"
     cfg = model.cfg
-    if cfg.head_dim % 32 or cfg.hidden_size % 16:
-        return f"head_dim {cfg.head_dim} / hidden {cfg.hidden_size} not multiples of 32 / 16"
-    if not int4_native.available():
-        return f"native int4 kernel unavailable: {int4_native.unavailable_reason()}"
+    if cfg.head_dim % 16 or cfg.hidden_size % 16:
+        return f"head_dim {cfg.head_dim} / hidden {cfg.hidden_size} not multiples of 16"
+    layers = _layers(model)
+    quantised = layers[0].self_attn.qkv_proj is not None
+    kernel = int4_native if quantised else bf16_native
+    if not kernel.available():
+        name = "int4" if quantised else "bf16"
+        return f"native {name} kernel unavailable: {kernel.unavailable_reason()}"
     try:
-        return [_layer_weights(layer) for layer in _layers(model)]
+        return [(_int4_layer if quantised else _bf16_layer)(layer) for layer in layers]
     except _NotFusable as exc:
         return str(exc)
 
@@ -137,12 +201,17 @@ def enable(model: DecoderLM) -> bool:
     for layer, weights in zip(_layers(model), plan, strict=True):
         layer.fused = weights
     model.layer_runner = run_layers
+    lm_head = model.lm_head
+    dense_head = type(lm_head) is torch.nn.Linear and lm_head.bias is None
+    if plan[0].op == "bf16_decoder_layer" and dense_head:
+        model.logits_runner = native_logits
     return True
 
 
 def disable(model: DecoderLM) -> None:
     """Back to the eager path for every forward of ``model``."""
     model.layer_runner = None
+    model.logits_runner = None
     for layer in _layers(model):
         layer.fused = None
 
@@ -164,11 +233,10 @@ def run_layers(
     context = meta.context_slots.contiguous()
     cos2 = cos.reshape(b * t, -1).contiguous()
     sin2 = sin.reshape(b * t, -1).contiguous()
-    op = torch.ops.specserve.int4_decoder_layer
     for layer in _layers(model):
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
-        rows = op(
+        rows = getattr(torch.ops.specserve, w.op)(
             rows,
             positions,
             slots,
@@ -180,3 +248,11 @@ def run_layers(
             *w.args,
         )
     return rows.view(b, t, h)
+
+
+def native_logits(model: DecoderLM, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head of a bf16 model through the native bf16 kernel (rows batch invariant, like
+    the layers'); fp32 logits of the bf16 products, as the eager ``lm_head(hidden).float()``."""
+    if hidden.dtype != torch.bfloat16 or not hidden.is_cpu:
+        return model.lm_head(hidden).float()
+    return bf16_native.matmul(hidden, model.lm_head.weight).float()

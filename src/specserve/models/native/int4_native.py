@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import threading
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -217,21 +215,7 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
 
 def _load() -> str | None:
     """Build (or reuse) and load the kernel; None on success, else why not."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"needs an x86-64 CPU, this is {platform.machine()}"
-    model, flags = build.cpu_signature()
-    if flags:
-        missing = [f for f in build.REQUIRED_CPU_FLAGS if f not in flags]
-        if missing:
-            return f"this CPU lacks {', '.join(missing)}"
-    if not build.op_loaded():
-        start = time.perf_counter()
-        try:
-            directory = build.build_and_load(model, flags)
-        except Exception as exc:  # no compiler / ninja, compile error, unwritable cache, ...
-            return f"build failed: {type(exc).__name__}: {str(exc).strip()[-2000:]}"
-        logger.debug("int4 kernel loaded in %.1f s from %s", time.perf_counter() - start, directory)
-    return _self_test()
+    return build.load_library() or _self_test()
 
 
 def _self_test() -> str | None:

@@ -176,8 +176,7 @@ def apply_quantized(
     for module in model.modules():
         for pname, param in list(module.named_parameters(recurse=False)):
             setattr(module, pname, nn.Parameter(param.detach().clone(), requires_grad=False))
-    if fmt == "int4":
-        fused_layer.enable(model)  # one native op per layer where the model qualifies
+    fused_layer.enable(model)  # int4: one native op per layer where the model qualifies
     return model
 
 

@@ -1,24 +1,30 @@
-// One whole decoder layer in one call, for bf16 models whose projections run on the native
-// int4 kernel (int4_gemv.cpp): RMSNorm, fused q/k/v projection (+ bias, + per-head q/k
-// RMSNorm for Qwen3), RoPE, KV-cache write,
-// attention, output projection, residual, RMSNorm, fused gate/up projection, SiLU * up, down
-// projection, residual. Registered as torch.ops.specserve.int4_decoder_layer; the Python side
-// is specserve/models/native/fused_layer.py.
+// One whole decoder layer in one call, for bf16 models on CPU: RMSNorm, q/k/v projection
+// (+ bias, + per-head q/k RMSNorm for Qwen3), RoPE, KV-cache write, attention, output
+// projection, residual, RMSNorm, gate/up projection, SiLU * up, down projection, residual.
+// Two ops share the body and differ in their projections' weights:
+//   torch.ops.specserve.int4_decoder_layer  packed int4 weights (int4_gemv.cpp), q/k/v and
+//                                           gate/up fused into one matrix each;
+//   torch.ops.specserve.bf16_decoder_layer  the model's own bf16 weights (bf16_gemm.cpp),
+//                                           seven matrices, biases added before rounding.
+// The Python side is specserve/models/native/fused_layer.py.
 //
 // Why: a 1-token decode step of a 28-layer model dispatches ~1,900 small ATen ops (about
-// 70 per layer) at a few microseconds each: 10-15 ms next to ~30 ms of weight reads. Here a
-// layer is one dispatch, and its temporaries are reused buffers.
+// 70 per layer) at a few microseconds each: 10-15 ms next to the weight reads. Here a layer is
+// one dispatch, and its temporaries are reused buffers.
 //
 // Numerics follow the eager bf16 module (models/decoder.py) op by op: every value the eager
-// path rounds to bf16 is rounded here too (norm output, weight product, projections, bias add,
+// path rounds to bf16 is rounded here too (norm output, projections, bias add of the int4 op,
 // each RoPE product and sum, attention output, residual adds, SiLU and its product), and
 // norms, softmax and attention accumulate in fp32. Summation orders differ from ATen's, so
 // results agree to bf16 rounding, not bit for bit.
 //
-// Batch invariance: every row's arithmetic is fixed whatever the other rows are. Attention
-// of a query at position p reduces over exactly the keys 0..p of its sequence (masked keys are
-// skipped, not added as zeros), so a verified token gets the bits a decode step gives it, and
-// the context length the caller pads to does not matter.
+// Batch invariance: every row's arithmetic is fixed whatever the other rows are (the matmuls
+// guarantee it for theirs, the rest is row by row). Attention of a query at position p
+// reduces over exactly the keys 0..p of its sequence (masked keys are skipped, not added as
+// zeros), so a verified token gets the bits a decode step gives it, and the context length
+// the caller pads to does not matter.
+//
+// The elementwise code is AVX2 + FMA (simd.h), the same on every CPU the library builds for.
 //
 // Shapes: M = B * T query rows (B sequences of T tokens, padded rows included), H hidden,
 // nh / nkv query / key-value heads of hd dims, I the MLP width.
@@ -36,90 +42,57 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_gemm.h"
 #include "int4_gemv.h"
+#include "simd.h"
 
 namespace {
 
-using specserve_native::PackedWeight;
+using specserve_native::load_bf16x8;
+using specserve_native::round_bf16;
+using specserve_native::store_bf16x8;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
-
-#ifndef SPECSERVE_INT4_NO_ISA
-
-// 16 bf16 values -> fp32 (exact).
-inline __m512 load_bf16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// fp32 -> 16 bf16 values, round to nearest even (as torch's conversion).
-inline void store_bf16(uint16_t* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-// The bf16 value nearest to v, as fp32: what an eager bf16 op hands to the next one.
-inline __m512 round_bf16(__m512 v) {
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-// e^x in fp32: x = k ln2 + r, |r| <= ln2 / 2, e^r by the Cephes expf polynomial (~1 ulp),
-// scaled by 2^k with vscalefps (which also gives 0 / inf past the fp32 range).
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, k);
-}
 
 // out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) per row, like RMSNorm.forward.
 void rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t H,
               float eps) {
   for (int64_t m = 0; m < M; ++m) {
     const uint16_t* xr = x + m * H;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < H; i += 16) {
-      const __m512 v = load_bf16(xr + i);
-      acc = _mm512_fmadd_ps(v, v, acc);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < H; i += 8) {
+      const __m256 v = load_bf16x8(xr + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
     }
-    const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(H) + eps);
-    const __m512 s = _mm512_set1_ps(inv);
-    for (int64_t i = 0; i < H; i += 16) {
-      const __m512 n = round_bf16(_mm512_mul_ps(load_bf16(xr + i), s));
-      store_bf16(out + m * H + i, _mm512_mul_ps(load_bf16(w + i), n));
+    const float mean = specserve_native::reduce_add(acc) / static_cast<float>(H);
+    const __m256 s = _mm256_set1_ps(1.0f / std::sqrt(mean + eps));
+    for (int64_t i = 0; i < H; i += 8) {
+      const __m256 n = round_bf16(_mm256_mul_ps(load_bf16x8(xr + i), s));
+      store_bf16x8(out + m * H + i, _mm256_mul_ps(load_bf16x8(w + i), n));
     }
   }
 }
 
-// y[i] = bf16(a[i] + b[i]) over n values (n a multiple of 16).
+// y[i] = bf16(a[i] + b[i]) over n values (n a multiple of 8).
 void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16)
-    store_bf16(y + i, _mm512_add_ps(load_bf16(a + i), load_bf16(b + i)));
+  for (int64_t i = 0; i < n; i += 8)
+    store_bf16x8(y + i, _mm256_add_ps(load_bf16x8(a + i), load_bf16x8(b + i)));
 }
 
 // In place on one head of hd values: the "rotate half" RoPE of apply_rotary, every product
 // and the sum rounded to bf16.
 void rope_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int64_t hd) {
   const int64_t half = hd / 2;
-  for (int64_t d = 0; d < half; d += 16) {
-    const __m512 x1 = load_bf16(x + d), x2 = load_bf16(x + half + d);
-    const __m512 lo = _mm512_add_ps(round_bf16(_mm512_mul_ps(x1, load_bf16(cos + d))),
-                                    round_bf16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), x2),
-                                                             load_bf16(sin + d))));
-    const __m512 hi = _mm512_add_ps(round_bf16(_mm512_mul_ps(x2, load_bf16(cos + half + d))),
-                                    round_bf16(_mm512_mul_ps(x1, load_bf16(sin + half + d))));
-    store_bf16(x + d, lo);
-    store_bf16(x + half + d, hi);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t d = 0; d < half; d += 8) {
+    const __m256 x1 = load_bf16x8(x + d), x2 = load_bf16x8(x + half + d);
+    const __m256 lo =
+        _mm256_add_ps(round_bf16(_mm256_mul_ps(x1, load_bf16x8(cos + d))),
+                      round_bf16(_mm256_mul_ps(_mm256_sub_ps(zero, x2), load_bf16x8(sin + d))));
+    const __m256 hi = _mm256_add_ps(round_bf16(_mm256_mul_ps(x2, load_bf16x8(cos + half + d))),
+                                    round_bf16(_mm256_mul_ps(x1, load_bf16x8(sin + half + d))));
+    store_bf16x8(x + d, lo);
+    store_bf16x8(x + half + d, hi);
   }
 }
 
@@ -136,105 +109,241 @@ struct AttentionProblem {
 
 // Query row m, the query heads of kv head h: softmax(q k^T * scale) v over keys 0..p.
 void attend(const AttentionProblem& a, int64_t m, int64_t h) {
-  const int64_t group = a.nh / a.nkv, hd = a.hd, chunks = hd / 16;
-  const int64_t p = a.positions[m], n = p + 1;
+  const int64_t group = a.nh / a.nkv, hd = a.hd;
+  const int64_t p = a.positions[m], n = p + 1, n8 = (n + 7) / 8 * 8;
   const int64_t* ctx = a.context_slots + (m / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
   // Per worker thread, reused across calls (no allocation per head and layer).
   thread_local std::vector<float> q, scores, acc;
   q.resize(static_cast<size_t>(group * hd));
-  scores.resize(static_cast<size_t>(group * n));
+  scores.resize(static_cast<size_t>(group * n8));
   acc.assign(static_cast<size_t>(group * hd), 0.0f);
   for (int64_t g = 0; g < group; ++g) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
-    for (int64_t c = 0; c < chunks; ++c)
-      _mm512_storeu_ps(&q[g * hd + c * 16], load_bf16(qr + c * 16));
+    for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(&q[g * hd + d], load_bf16x8(qr + d));
   }
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t* kr = a.k_cache + (ctx[j] * a.nkv + h) * hd;
     for (int64_t g = 0; g < group; ++g) {
-      __m512 s = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c)
-        s = _mm512_fmadd_ps(_mm512_loadu_ps(&q[g * hd + c * 16]), load_bf16(kr + c * 16), s);
-      scores[g * n + j] = _mm512_reduce_add_ps(s) * a.scale;
+      __m256 s = _mm256_setzero_ps();
+      for (int64_t d = 0; d < hd; d += 8)
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(&q[g * hd + d]), load_bf16x8(kr + d), s);
+      scores[g * n8 + j] = specserve_native::reduce_add(s) * a.scale;
     }
   }
+  const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
   for (int64_t g = 0; g < group; ++g) {
-    float* sg = &scores[g * n];
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
-      mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, sg + j));
+    float* sg = &scores[g * n8];
+    for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
+    const __m256 top = _mm256_set1_ps(specserve_native::reduce_max(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n8; j += 8) {
+      __m256 e = specserve_native::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), top));
+      if (j + 8 == n8) e = _mm256_and_ps(e, tail);  // keys past p weigh exactly 0
+      sum = _mm256_add_ps(sum, e);
+      _mm256_storeu_ps(sg + j, e);
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sg + j), top));
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
-      _mm512_mask_storeu_ps(sg + j, k, e);
-    }
-    const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
-      _mm512_mask_storeu_ps(sg + j, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, sg + j), total));
-    }
+    const __m256 total = _mm256_set1_ps(specserve_native::reduce_add(sum));
+    for (int64_t j = 0; j < n8; j += 8)
+      _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
   }
   for (int64_t j = 0; j < n; ++j) {
     const uint16_t* vr = a.v_cache + (ctx[j] * a.nkv + h) * hd;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const __m512 v = load_bf16(vr + c * 16);
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m256 v = load_bf16x8(vr + d);
       for (int64_t g = 0; g < group; ++g) {
-        float* o = &acc[g * hd + c * 16];
-        const __m512 w = _mm512_set1_ps(scores[g * n + j]);
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(w, v, _mm512_loadu_ps(o)));
+        float* o = &acc[g * hd + d];
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * n8 + j]), v,
+                                            _mm256_loadu_ps(o)));
       }
     }
   }
   for (int64_t g = 0; g < group; ++g) {
     uint16_t* o = a.out + m * a.nh * hd + (h * group + g) * hd;
-    for (int64_t c = 0; c < chunks; ++c)
-      store_bf16(o + c * 16, _mm512_loadu_ps(&acc[g * hd + c * 16]));
+    for (int64_t d = 0; d < hd; d += 8) store_bf16x8(o + d, _mm256_loadu_ps(&acc[g * hd + d]));
   }
 }
 
 // gate_up [M, 2I] (gate columns first) -> out [M, I] = bf16(bf16(silu(gate)) * up).
 void silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t M, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   for (int64_t m = 0; m < M; ++m) {
     const uint16_t* g = gate_up + m * 2 * I;
-    for (int64_t i = 0; i < I; i += 16) {
-      const __m512 x = load_bf16(g + i);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x));
-      const __m512 act = round_bf16(_mm512_div_ps(x, _mm512_add_ps(one, e)));
-      store_bf16(out + m * I + i, _mm512_mul_ps(act, load_bf16(g + I + i)));
+    for (int64_t i = 0; i < I; i += 8) {
+      const __m256 x = load_bf16x8(g + i);
+      const __m256 e = specserve_native::exp_ps(_mm256_sub_ps(zero, x));
+      const __m256 act = round_bf16(_mm256_div_ps(x, _mm256_add_ps(one, e)));
+      store_bf16x8(out + m * I + i, _mm256_mul_ps(act, load_bf16x8(g + I + i)));
     }
   }
 }
-
-#endif  // SPECSERVE_INT4_NO_ISA
 
 const uint16_t* bf16_data(const Tensor& t) {
   return static_cast<const uint16_t*>(t.const_data_ptr());
 }
 
-void check_bf16(const Tensor& t, int64_t numel, const char* name) {
+void check_bf16(const Tensor& t, int64_t numel, const char* op, const char* name) {
   STD_TORCH_CHECK(t.is_cpu() && t.scalar_type() == ScalarType::BFloat16 && t.is_contiguous() &&
                       t.numel() == numel,
-                  "int4_decoder_layer: ", name, " must be a contiguous CPU bf16 tensor of ",
-                  numel, " values");
+                  op, ": ", name, " must be a contiguous CPU bf16 tensor of ", numel, " values");
 }
 
-void check_index(const Tensor& t, int64_t numel, const char* name) {
+void check_index(const Tensor& t, int64_t numel, const char* op, const char* name) {
   STD_TORCH_CHECK(t.is_cpu() && t.scalar_type() == ScalarType::Long && t.is_contiguous() &&
                       t.numel() == numel,
-                  "int4_decoder_layer: ", name, " must be a contiguous CPU int64 tensor of ",
-                  numel, " values");
+                  op, ": ", name, " must be a contiguous CPU int64 tensor of ", numel, " values");
 }
+
+// What both ops take besides their projection weights, checked.
+struct Layer {
+  const char* op;
+  const Tensor& x;
+  const Tensor& positions;
+  const Tensor& slot_mapping;
+  const Tensor& context_slots;
+  const Tensor& cos;
+  const Tensor& sin;
+  Tensor& k_cache;
+  Tensor& v_cache;
+  const Tensor& input_norm;
+  const Tensor& post_norm;
+  const Tensor& q_norm;
+  const Tensor& k_norm;
+  int64_t nh, nkv;
+  double eps;
+  // Derived by check():
+  int64_t M = 0, H = 0, B = 0, S = 0, hd = 0, slots = 0, n_qkv = 0;
+  bool has_qk_norm = false;
+
+  void check() {
+    STD_TORCH_CHECK(specserve_native::avx2_supported(), op, ": this CPU lacks AVX2 / FMA / F16C");
+    STD_TORCH_CHECK(x.dim() == 2, op, ": x must be [M, hidden]");
+    M = x.size(0);
+    H = x.size(1);
+    STD_TORCH_CHECK(context_slots.dim() == 2, op, ": context_slots must be [B, S]");
+    B = context_slots.size(0);
+    S = context_slots.size(1);
+    STD_TORCH_CHECK(B > 0 && M % B == 0, op, ": ", M, " rows are not B = ", B,
+                    " sequences of equal length");
+    STD_TORCH_CHECK(nkv > 0 && nh > 0 && nh % nkv == 0, op,
+                    ": num_heads must be a multiple of num_kv_heads");
+    STD_TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == nkv, op,
+                    ": k_cache must be [slots, num_kv_heads, head_dim]");
+    hd = k_cache.size(2);
+    slots = k_cache.size(0);
+    STD_TORCH_CHECK(hd % 16 == 0 && H % 16 == 0, op,
+                    ": head_dim and hidden must be multiples of 16");
+    n_qkv = (nh + 2 * nkv) * hd;
+    check_bf16(x, M * H, op, "x");
+    check_bf16(k_cache, slots * nkv * hd, op, "k_cache");
+    check_bf16(v_cache, slots * nkv * hd, op, "v_cache");
+    check_bf16(cos, M * hd, op, "cos");
+    check_bf16(sin, M * hd, op, "sin");
+    check_bf16(input_norm, H, op, "input_norm");
+    check_bf16(post_norm, H, op, "post_norm");
+    check_index(positions, M, op, "positions");
+    check_index(slot_mapping, M, op, "slot_mapping");
+    check_index(context_slots, B * S, op, "context_slots");
+    has_qk_norm = q_norm.numel() > 0;
+    STD_TORCH_CHECK(has_qk_norm == (k_norm.numel() > 0), op, ": q_norm and k_norm come together");
+    if (has_qk_norm) {
+      check_bf16(q_norm, hd, op, "q_norm");
+      check_bf16(k_norm, hd, op, "k_norm");
+    }
+    const auto* pos = static_cast<const int64_t*>(positions.const_data_ptr());
+    const auto* slot = static_cast<const int64_t*>(slot_mapping.const_data_ptr());
+    const auto* ctx = static_cast<const int64_t*>(context_slots.const_data_ptr());
+    for (int64_t m = 0; m < M; ++m) {
+      STD_TORCH_CHECK(pos[m] >= 0 && pos[m] < S, op, ": position ", pos[m], " outside the ", S,
+                      " context slots");
+      STD_TORCH_CHECK(slot[m] >= 0 && slot[m] < slots, op, ": slot ", slot[m],
+                      " outside the cache");
+    }
+    for (int64_t i = 0; i < B * S; ++i)
+      STD_TORCH_CHECK(ctx[i] >= 0 && ctx[i] < slots, op, ": context slot ", ctx[i],
+                      " outside the cache");
+  }
+};
 
 // Buffers reused from call to call (one set per calling thread).
 struct Scratch {
   std::vector<uint16_t> h, qkv, attn, o, x1, gate_up, act, down;
+};
+
+// The layer, with the projections of Proj: qkv(h, out [M, n_qkv]) (bias included),
+// o(attn, out [M, H]), gate_up(h, out [M, 2I]), down(act, out [M, H]).
+template <class Proj>
+Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
+  const int64_t M = L.M, H = L.H, nh = L.nh, nkv = L.nkv, hd = L.hd, n_qkv = L.n_qkv;
+  Tensor out = specserve_native::empty_2d(M, H, false);
+  thread_local Scratch s;
+  s.h.resize(M * H);
+  s.qkv.resize(M * n_qkv);
+  s.attn.resize(M * nh * hd);
+  s.o.resize(M * H);
+  s.x1.resize(M * H);
+  s.gate_up.resize(M * 2 * I);
+  s.act.resize(M * I);
+  s.down.resize(M * H);
+  const float feps = static_cast<float>(L.eps);
+  const auto* pos = static_cast<const int64_t*>(L.positions.const_data_ptr());
+  const auto* slot = static_cast<const int64_t*>(L.slot_mapping.const_data_ptr());
+  const auto* ctx = static_cast<const int64_t*>(L.context_slots.const_data_ptr());
+
+  rms_norm(bf16_data(L.x), bf16_data(L.input_norm), s.h.data(), M, H, feps);
+  proj.qkv(s.h.data(), M, s.qkv.data());
+  auto* kc = static_cast<uint16_t*>(L.k_cache.mutable_data_ptr());
+  auto* vc = static_cast<uint16_t*>(L.v_cache.mutable_data_ptr());
+  for (int64_t m = 0; m < M; ++m) {
+    uint16_t* row = s.qkv.data() + m * n_qkv;
+    if (L.has_qk_norm)  // per head, in place (rms_norm reads a value before writing it)
+      for (int64_t head = 0; head < nh + nkv; ++head)
+        rms_norm(row + head * hd, bf16_data(head < nh ? L.q_norm : L.k_norm), row + head * hd, 1,
+                 hd, feps);
+    for (int64_t head = 0; head < nh + nkv; ++head)  // q heads, then k heads
+      rope_head(row + head * hd, bf16_data(L.cos) + m * hd, bf16_data(L.sin) + m * hd, hd);
+    std::memcpy(kc + slot[m] * nkv * hd, row + nh * hd, nkv * hd * sizeof(uint16_t));
+    std::memcpy(vc + slot[m] * nkv * hd, row + (nh + nkv) * hd, nkv * hd * sizeof(uint16_t));
+  }
+  AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / L.B, L.S, nh, nkv, hd,
+                     static_cast<float>(std::pow(static_cast<double>(hd), -0.5))};
+  torch::stable::parallel_for(0, M * nkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) attend(a, t / nkv, t % nkv);
+  });
+  proj.o(s.attn.data(), M, s.o.data());
+  add_bf16(bf16_data(L.x), s.o.data(), s.x1.data(), M * H);
+  rms_norm(s.x1.data(), bf16_data(L.post_norm), s.h.data(), M, H, feps);
+  proj.gate_up(s.h.data(), M, s.gate_up.data());
+  silu_mul(s.gate_up.data(), s.act.data(), M, I);
+  proj.down(s.act.data(), M, s.down.data());
+  add_bf16(s.x1.data(), s.down.data(), static_cast<uint16_t*>(out.mutable_data_ptr()), M * H);
+  return out;
+}
+
+// ------------------------------------------------------------------ int4 weights ----------
+
+using specserve_native::PackedWeight;
+
+struct Int4Proj {
+  PackedWeight qkv_w, o_w, gu_w, down_w;
+  const uint16_t* qkv_bias;  // null: none
+  int64_t n_qkv;
+  void qkv(const uint16_t* h, int64_t M, uint16_t* out) const {
+    specserve_native::int4_matmul(h, M, qkv_w, out, false);
+    if (qkv_bias != nullptr)
+      for (int64_t m = 0; m < M; ++m) add_bf16(out + m * n_qkv, qkv_bias, out + m * n_qkv, n_qkv);
+  }
+  void o(const uint16_t* a, int64_t M, uint16_t* out) const {
+    specserve_native::int4_matmul(a, M, o_w, out, false);
+  }
+  void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
+    specserve_native::int4_matmul(h, M, gu_w, out, false);
+  }
+  void down(const uint16_t* a, int64_t M, uint16_t* out) const {
+    specserve_native::int4_matmul(a, M, down_w, out, false);
+  }
 };
 
 Tensor int4_decoder_layer(
@@ -248,113 +357,89 @@ Tensor int4_decoder_layer(
     const Tensor& gate_up_row_scale, int64_t gate_up_group, const Tensor& down_qweight,
     const Tensor& down_scales, const Tensor& down_row_scale, int64_t down_group,
     int64_t num_heads, int64_t num_kv_heads, double eps) {
-  STD_TORCH_CHECK(specserve_native::cpu_supported(),
-                  "int4_decoder_layer: this CPU lacks AVX-512 BF16 / GFNI");
-  STD_TORCH_CHECK(x.dim() == 2, "int4_decoder_layer: x must be [M, hidden]");
-  const int64_t M = x.size(0), H = x.size(1);
-  STD_TORCH_CHECK(context_slots.dim() == 2, "int4_decoder_layer: context_slots must be [B, S]");
-  const int64_t B = context_slots.size(0), S = context_slots.size(1);
-  STD_TORCH_CHECK(B > 0 && M % B == 0, "int4_decoder_layer: ", M, " rows are not B = ", B,
-                  " sequences of equal length");
-  const int64_t nh = num_heads, nkv = num_kv_heads;
-  STD_TORCH_CHECK(nkv > 0 && nh > 0 && nh % nkv == 0,
-                  "int4_decoder_layer: num_heads must be a multiple of num_kv_heads");
-  STD_TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == nkv,
-                  "int4_decoder_layer: k_cache must be [slots, num_kv_heads, head_dim]");
-  const int64_t hd = k_cache.size(2), slots = k_cache.size(0);
-  STD_TORCH_CHECK(hd % 32 == 0 && H % 16 == 0,
-                  "int4_decoder_layer: head_dim must be a multiple of 32, hidden of 16");
-  check_bf16(x, M * H, "x");
-  check_bf16(k_cache, slots * nkv * hd, "k_cache");
-  check_bf16(v_cache, slots * nkv * hd, "v_cache");
-  check_bf16(cos, M * hd, "cos");
-  check_bf16(sin, M * hd, "sin");
-  check_bf16(input_norm, H, "input_norm");
-  check_bf16(post_norm, H, "post_norm");
-  check_index(positions, M, "positions");
-  check_index(slot_mapping, M, "slot_mapping");
-  check_index(context_slots, B * S, "context_slots");
-  const int64_t n_qkv = (nh + 2 * nkv) * hd;
+  const char* op = "int4_decoder_layer";
+  Layer L{op,      x,          positions, slot_mapping, context_slots, cos,    sin,
+          k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
+          num_kv_heads, eps};
+  L.check();
+  STD_TORCH_CHECK(specserve_native::cpu_supported(), op,
+                  ": the int4 kernel does not run on this CPU");
   const PackedWeight qkv = specserve_native::packed_weight(qkv_qweight, qkv_scales, qkv_row_scale,
-                                                           n_qkv, qkv_group, "qkv_proj");
-  const PackedWeight o = specserve_native::packed_weight(o_qweight, o_scales, o_row_scale, H,
+                                                           L.n_qkv, qkv_group, "qkv_proj");
+  const PackedWeight o = specserve_native::packed_weight(o_qweight, o_scales, o_row_scale, L.H,
                                                          o_group, "o_proj");
   const int64_t I = down_qweight.dim() == 3 ? down_qweight.size(1) * 8 : 0;
   const PackedWeight gu = specserve_native::packed_weight(
       gate_up_qweight, gate_up_scales, gate_up_row_scale, 2 * I, gate_up_group, "gate_up_proj");
   const PackedWeight down = specserve_native::packed_weight(down_qweight, down_scales,
-                                                            down_row_scale, H, down_group,
+                                                            down_row_scale, L.H, down_group,
                                                             "down_proj");
-  STD_TORCH_CHECK(qkv.K == H && o.K == nh * hd && gu.K == H && I % 16 == 0,
-                  "int4_decoder_layer: projection shapes do not fit hidden ", H, ", ", nh,
-                  " heads of ", hd);
+  STD_TORCH_CHECK(qkv.K == L.H && o.K == L.nh * L.hd && gu.K == L.H && I % 16 == 0, op,
+                  ": projection shapes do not fit hidden ", L.H, ", ", L.nh, " heads of ", L.hd);
   const bool has_bias = qkv_bias.numel() > 0;
-  if (has_bias) check_bf16(qkv_bias, n_qkv, "qkv_bias");
-  const bool has_qk_norm = q_norm.numel() > 0;
-  STD_TORCH_CHECK(has_qk_norm == (k_norm.numel() > 0),
-                  "int4_decoder_layer: q_norm and k_norm come together");
-  if (has_qk_norm) {
-    check_bf16(q_norm, hd, "q_norm");
-    check_bf16(k_norm, hd, "k_norm");
-  }
-  const auto* pos = static_cast<const int64_t*>(positions.const_data_ptr());
-  const auto* slot = static_cast<const int64_t*>(slot_mapping.const_data_ptr());
-  const auto* ctx = static_cast<const int64_t*>(context_slots.const_data_ptr());
-  for (int64_t m = 0; m < M; ++m) {
-    STD_TORCH_CHECK(pos[m] >= 0 && pos[m] < S, "int4_decoder_layer: position ", pos[m],
-                    " outside the ", S, " context slots");
-    STD_TORCH_CHECK(slot[m] >= 0 && slot[m] < slots, "int4_decoder_layer: slot ", slot[m],
-                    " outside the cache");
-  }
-  for (int64_t i = 0; i < B * S; ++i)
-    STD_TORCH_CHECK(ctx[i] >= 0 && ctx[i] < slots, "int4_decoder_layer: context slot ", ctx[i],
-                    " outside the cache");
+  if (has_bias) check_bf16(qkv_bias, L.n_qkv, op, "qkv_bias");
+  const Int4Proj proj{qkv, o, gu, down, has_bias ? bf16_data(qkv_bias) : nullptr, L.n_qkv};
+  return run_layer(L, proj, I);
+}
 
-  Tensor out = specserve_native::empty_2d(M, H, false);
-#ifndef SPECSERVE_INT4_NO_ISA
-  thread_local Scratch s;
-  s.h.resize(M * H);
-  s.qkv.resize(M * n_qkv);
-  s.attn.resize(M * nh * hd);
-  s.o.resize(M * H);
-  s.x1.resize(M * H);
-  s.gate_up.resize(M * 2 * I);
-  s.act.resize(M * I);
-  s.down.resize(M * H);
-  const float feps = static_cast<float>(eps);
+// ------------------------------------------------------------------ bf16 weights ----------
 
-  rms_norm(bf16_data(x), bf16_data(input_norm), s.h.data(), M, H, feps);
-  specserve_native::int4_matmul(s.h.data(), M, qkv, s.qkv.data(), false);
-  if (has_bias)
-    for (int64_t m = 0; m < M; ++m)
-      add_bf16(s.qkv.data() + m * n_qkv, bf16_data(qkv_bias), s.qkv.data() + m * n_qkv, n_qkv);
-  auto* kc = static_cast<uint16_t*>(k_cache.mutable_data_ptr());
-  auto* vc = static_cast<uint16_t*>(v_cache.mutable_data_ptr());
-  for (int64_t m = 0; m < M; ++m) {
-    uint16_t* row = s.qkv.data() + m * n_qkv;
-    if (has_qk_norm)  // per head, in place (rms_norm reads a value before writing it)
-      for (int64_t head = 0; head < nh + nkv; ++head)
-        rms_norm(row + head * hd, bf16_data(head < nh ? q_norm : k_norm), row + head * hd, 1,
-                 hd, feps);
-    for (int64_t head = 0; head < nh + nkv; ++head)  // q heads, then k heads
-      rope_head(row + head * hd, bf16_data(cos) + m * hd, bf16_data(sin) + m * hd, hd);
-    std::memcpy(kc + slot[m] * nkv * hd, row + nh * hd, nkv * hd * sizeof(uint16_t));
-    std::memcpy(vc + slot[m] * nkv * hd, row + (nh + nkv) * hd, nkv * hd * sizeof(uint16_t));
+using specserve_native::DenseWeight;
+
+struct Bf16Proj {
+  DenseWeight q_w, k_w, v_w, o_w, gate_w, up_w, down_w;
+  const uint16_t* qkv_bias;  // [n_qkv] or null
+  int64_t n_qkv, I;
+  void qkv(const uint16_t* h, int64_t M, uint16_t* out) const {
+    const uint16_t* b = qkv_bias;
+    specserve_native::bf16_matmul(h, M, q_w, b, out, n_qkv, false);
+    specserve_native::bf16_matmul(h, M, k_w, b ? b + q_w.N : nullptr, out + q_w.N, n_qkv, false);
+    specserve_native::bf16_matmul(h, M, v_w, b ? b + q_w.N + k_w.N : nullptr,
+                                  out + q_w.N + k_w.N, n_qkv, false);
   }
-  AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / B, S, nh, nkv, hd,
-                     static_cast<float>(std::pow(static_cast<double>(hd), -0.5))};
-  torch::stable::parallel_for(0, M * nkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) attend(a, t / nkv, t % nkv);
-  });
-  specserve_native::int4_matmul(s.attn.data(), M, o, s.o.data(), false);
-  add_bf16(bf16_data(x), s.o.data(), s.x1.data(), M * H);
-  rms_norm(s.x1.data(), bf16_data(post_norm), s.h.data(), M, H, feps);
-  specserve_native::int4_matmul(s.h.data(), M, gu, s.gate_up.data(), false);
-  silu_mul(s.gate_up.data(), s.act.data(), M, I);
-  specserve_native::int4_matmul(s.act.data(), M, down, s.down.data(), false);
-  add_bf16(s.x1.data(), s.down.data(), static_cast<uint16_t*>(out.mutable_data_ptr()), M * H);
-#endif
-  return out;
+  void o(const uint16_t* a, int64_t M, uint16_t* out) const {
+    specserve_native::bf16_matmul(a, M, o_w, nullptr, out, o_w.N, false);
+  }
+  void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
+    specserve_native::bf16_matmul(h, M, gate_w, nullptr, out, 2 * I, false);
+    specserve_native::bf16_matmul(h, M, up_w, nullptr, out + I, 2 * I, false);
+  }
+  void down(const uint16_t* a, int64_t M, uint16_t* out) const {
+    specserve_native::bf16_matmul(a, M, down_w, nullptr, out, down_w.N, false);
+  }
+};
+
+Tensor bf16_decoder_layer(
+    const Tensor& x, const Tensor& positions, const Tensor& slot_mapping,
+    const Tensor& context_slots, const Tensor& cos, const Tensor& sin, Tensor k_cache,
+    Tensor v_cache, const Tensor& input_norm, const Tensor& q_w, const Tensor& k_w,
+    const Tensor& v_w, const Tensor& qkv_bias, const Tensor& q_norm, const Tensor& k_norm,
+    const Tensor& o_w, const Tensor& post_norm, const Tensor& gate_w, const Tensor& up_w,
+    const Tensor& down_w, int64_t num_heads, int64_t num_kv_heads, double eps) {
+  const char* op = "bf16_decoder_layer";
+  Layer L{op,      x,          positions, slot_mapping, context_slots, cos,    sin,
+          k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
+          num_kv_heads, eps};
+  L.check();
+  const int64_t H = L.H, q_dim = L.nh * L.hd, kv_dim = L.nkv * L.hd;
+  const DenseWeight q = specserve_native::dense_weight(q_w, "q_proj");
+  const DenseWeight k = specserve_native::dense_weight(k_w, "k_proj");
+  const DenseWeight v = specserve_native::dense_weight(v_w, "v_proj");
+  const DenseWeight o = specserve_native::dense_weight(o_w, "o_proj");
+  const DenseWeight gate = specserve_native::dense_weight(gate_w, "gate_proj");
+  const DenseWeight up = specserve_native::dense_weight(up_w, "up_proj");
+  const DenseWeight down = specserve_native::dense_weight(down_w, "down_proj");
+  const int64_t I = gate.N;
+  STD_TORCH_CHECK(q.N == q_dim && q.K == H && k.N == kv_dim && k.K == H && v.N == kv_dim &&
+                      v.K == H && o.N == H && o.K == q_dim && gate.K == H && up.N == I &&
+                      up.K == H && down.N == H && down.K == I && I % 16 == 0,
+                  op, ": projection shapes do not fit hidden ", H, ", ", L.nh, " + ", L.nkv,
+                  " heads of ", L.hd);
+  const bool has_bias = qkv_bias.numel() > 0;
+  if (has_bias) check_bf16(qkv_bias, L.n_qkv, op, "qkv_bias");
+  const Bf16Proj proj{q, k, v, o, gate, up, down, has_bias ? bf16_data(qkv_bias) : nullptr,
+                      L.n_qkv, I};
+  return run_layer(L, proj, I);
 }
 
 }  // namespace
@@ -369,8 +454,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
       "Tensor gate_up_row_scale, int gate_up_group, Tensor down_qweight, Tensor down_scales, "
       "Tensor down_row_scale, int down_group, int num_heads, int num_kv_heads, float eps) "
       "-> Tensor");
+  m.def(
+      "bf16_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
+      "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "
+      "Tensor q_w, Tensor k_w, Tensor v_w, Tensor qkv_bias, Tensor q_norm, Tensor k_norm, "
+      "Tensor o_w, Tensor post_norm, Tensor gate_w, Tensor up_w, Tensor down_w, "
+      "int num_heads, int num_kv_heads, float eps) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) {
   m.impl("int4_decoder_layer", TORCH_BOX(&int4_decoder_layer));
+  m.impl("bf16_decoder_layer", TORCH_BOX(&bf16_decoder_layer));
 }

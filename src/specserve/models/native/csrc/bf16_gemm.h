@@ -1,0 +1,27 @@
+// Internal interface of the bf16 matmul (bf16_gemm.cpp) for the other native ops of the
+// library (decoder_layer.cpp).
+#pragma once
+
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+
+namespace specserve_native {
+
+// A bf16 weight as the model stores it: row-major [N, K], K a multiple of 16.
+struct DenseWeight {
+  const uint16_t* data;
+  int64_t N, K;
+};
+
+// Checks dtype, shape and contiguity of a bf16 weight (what: its name in the error message).
+DenseWeight dense_weight(const torch::stable::Tensor& w, const char* what);
+
+// out[m * ldo + n] = dot(x[m], w[n]) (+ bias[n] when bias is not null), for x contiguous bf16
+// [M, K]; out bf16 (round to nearest even) or fp32 when out_f32. Splits N over torch's
+// intra-op threads; the arithmetic of an output never depends on M, the other rows or the
+// split (see bf16_gemm.cpp).
+void bf16_matmul(const uint16_t* x, int64_t M, const DenseWeight& w, const uint16_t* bias,
+                 void* out, int64_t ldo, bool out_f32);
+
+}  // namespace specserve_native

@@ -1,0 +1,106 @@
+// Eight-lane fp32 helpers (AVX2 + FMA + F16C) shared by the native ops: bf16 loads and
+// stores with the rounding torch uses, a fixed-order horizontal sum, and e^x. Every kernel of
+// the library needs at least these instructions (build.py checks the CPU flags before it
+// compiles), so the elementwise parts of a layer run the same code on AVX2 and AVX-512 CPUs.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace specserve_native {
+
+// Whether this CPU runs the helpers below (and the bf16 matmul): AVX2, FMA and F16C.
+inline bool avx2_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+// 8 bf16 values -> fp32 (exact: a bf16 is the top half of an fp32).
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The bf16 bit patterns of v in the low 16 bits of each 32-bit lane: round to nearest even,
+// NaN -> 0x7FC0, as torch's float -> bfloat16 conversion.
+inline __m256i bf16_bits(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+}
+
+// The bf16 value nearest to v, as fp32: what an eager bf16 op hands to the next one.
+inline __m256 round_bf16(__m256 v) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v), 16));
+}
+
+// fp32 -> 8 bf16 values at p (rounded as round_bf16).
+inline void store_bf16x8(uint16_t* p, __m256 v) {
+  const __m256i b = bf16_bits(v);  // lanes 0..7, each < 2^16
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// One fp32 value -> bf16 bits (the scalar form of bf16_bits).
+inline uint16_t bf16_bits_scalar(float f) {
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the one summation order of a vector.
+inline float reduce_add(__m256 v) {
+  const __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_hadd_ps(h, h);  // [(l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ...]
+  return _mm_cvtss_f32(q) + _mm_cvtss_f32(_mm_shuffle_ps(q, q, 1));
+}
+
+inline float reduce_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtss_f32(m);
+}
+
+// e^x in fp32 for x clamped to [-86.5, 88.37] (results below 2.8e-38 are not needed here:
+// softmax weights and SiLU): x = k ln2 + r, |r| <= ln2 / 2, e^r by the Cephes expf polynomial
+// (~1 ulp), times 2^(k-1) and 2 so that k = 128 stays finite.
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.37f)), _mm256_set1_ps(-86.5f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(126)), 23);  // 2^(k-1)
+  return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
+}
+
+// Lanes i < n (0 <= n <= 8) all ones, the others zero: the mask of a tail of n values.
+inline __m256 tail_mask(int64_t n) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), idx));
+}
+
+}  // namespace specserve_native

@@ -1,0 +1,100 @@
+"""The native bf16 matmul (models/native/bf16_native.py): accuracy against a float64
+reference, rows bit-identical whatever the batch and the thread split, argument errors, the
+environment switch and the fallback reason."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from specserve.models.native import bf16_native
+
+native = pytest.mark.skipif(
+    not bf16_native.available(), reason=f"native bf16 kernel: {bf16_native.unavailable_reason()}"
+)
+
+
+def _data(n: int, k: int, m: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    return w, b, x
+
+
+@native
+@pytest.mark.parametrize(("n", "k"), [(1, 16), (37, 64), (1000, 1536), (130, 8960)])
+def test_close_to_a_float64_reference(n: int, k: int) -> None:
+    w, b, x = _data(n, k, 7)
+    ref = x.double() @ w.double().T + b.double()
+    y = bf16_native.matmul(x, w, b)
+    assert y.dtype == torch.bfloat16 and y.shape == (7, n)
+    err = float((y.double() - ref).norm() / ref.norm())
+    assert err < 4e-3, err  # bf16 rounding of the outputs (~2e-3), fp32 sums
+
+
+@native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_are_bit_identical_whatever_the_batch(threads: int) -> None:
+    """Every row of an M-row call equals the same row computed alone or among other rows,
+    for every M the kernel blocks differently (1, 2, 3, 4-6, several row blocks)."""
+    w, b, x = _data(1003, 256, 20, seed=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = torch.cat([bf16_native.matmul(x[i : i + 1], w, b) for i in range(20)])
+        for m in range(1, 21):
+            assert torch.equal(bf16_native.matmul(x[:m], w, b), alone[:m]), m
+        assert torch.equal(bf16_native.matmul(x[5:10], w, b), alone[5:10])
+    finally:
+        torch.set_num_threads(before)
+
+
+@native
+def test_leading_dimensions_and_no_bias() -> None:
+    w, _, x = _data(48, 32, 6, seed=2)
+    y = bf16_native.matmul(x.view(2, 3, 32), w)
+    assert y.shape == (2, 3, 48)
+    assert torch.equal(y.view(6, 48), bf16_native.matmul(x, w))
+    ref = x.double() @ w.double().T
+    assert float((y.view(6, 48).double() - ref).norm() / ref.norm()) < 4e-3
+
+
+@native
+def test_bad_arguments_raise_clear_errors() -> None:
+    w, b, x = _data(8, 32, 2)
+    with pytest.raises(ValueError, match="CPU bf16 inputs"):
+        bf16_native.matmul(x.float(), w)
+    with pytest.raises(ValueError, match=r"inputs \[\.\.\., 32\]"):
+        bf16_native.matmul(x[:, :16], w)
+    with pytest.raises(ValueError, match="bf16 weight"):
+        bf16_native.matmul(x, w.float())
+    with pytest.raises(RuntimeError, match="not a multiple of 16"):
+        bf16_native.matmul(x[:, :24], w[:, :24].contiguous())
+    with pytest.raises(RuntimeError, match="bias must be"):
+        bf16_native.matmul(x, w, b[:4])
+
+
+def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSERVE_BF16_NATIVE", "0")
+    monkeypatch.setattr(bf16_native, "_state", {})  # as in a fresh process
+    assert not bf16_native.available()
+    assert "SPECSERVE_BF16_NATIVE" in (bf16_native.unavailable_reason() or "")
+    assert bf16_native._state == {}  # nothing was built or loaded
+    w, _, x = _data(8, 32, 1)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        bf16_native.matmul(x, w)
+
+
+def test_a_failed_build_is_reported_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(bf16_native, "_state", {})
+    monkeypatch.setattr(bf16_native.build, "load_library", lambda: "this CPU lacks avx2")
+    with caplog.at_level(logging.WARNING, logger=bf16_native.__name__):
+        assert not bf16_native.available()
+        assert not bf16_native.available()
+    assert bf16_native.unavailable_reason() == "this CPU lacks avx2"
+    assert sum("lacks avx2" in r.getMessage() for r in caplog.records) == 1  # logged once
