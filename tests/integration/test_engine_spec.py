@@ -177,3 +177,40 @@ def test_k_controller_sees_batch_size_and_measured_costs() -> None:
     assert 3 in seen  # all three decoding together
     # Pure decode steps were timed and reported per batch size.
     assert any(b == 3 for b, _ in controller._verify_cost)  # type: ignore[attr-defined]
+
+
+def test_draft_cost_is_not_learned_from_a_catch_up_burst() -> None:
+    """After steps with k = 0 the draft's lane is behind and its next propose call first
+    catches up every committed token it missed; that call's time is a one-off burst, so the
+    engine does not hand it to the controller as the per-token draft cost (it still records
+    the verify cost). Steady calls (catch-up of at most 2 tokens) are recorded."""
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    draft = make_tiny_model("llama", vocab_size=VOCAB, seed=1)
+    engine = make_engine(target, "draft", None, draft)
+    controller, proposer = engine.k_controller, engine.proposer
+    assert controller is not None and proposer is not None
+    ks = iter([0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3])
+    controller.choose_k = lambda request_id, batch_size=1: next(ks, 3)  # type: ignore[method-assign]
+    recorded: list[tuple[int, int]] = []
+    record = controller.record_cost
+
+    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size=1):  # type: ignore[no-untyped-def]
+        recorded.append((num_draft_steps, num_verified_tokens))
+        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
+
+    controller.record_cost = spy  # type: ignore[method-assign]
+    catch_ups: list[int] = []
+    propose = proposer.propose
+
+    def watch(batch):  # type: ignore[no-untyped-def]
+        out = propose(batch)
+        catch_ups.append(proposer.last_catch_up_tokens)  # type: ignore[attr-defined]
+        return out
+
+    proposer.propose = watch  # type: ignore[method-assign]
+    params = {"r": SamplingParams(max_tokens=24, ignore_eos=True)}
+    run_staggered(engine, {"r": [1, 2, 3, 4, 5]}, params, {"r": 0})
+    assert catch_ups[0] > 2 and all(c <= 2 for c in catch_ups[1:]), catch_ups
+    drafted = [(d, v) for d, v in recorded if v > 1]  # steps that verified a draft
+    assert drafted[0] == (0, 4)  # the burst: verify recorded, no draft cost
+    assert all(d == v - 1 > 0 for d, v in drafted[1:])

@@ -13,6 +13,7 @@ from specserve.engine.llm_engine import LLMEngine
 from specserve.loading.quant_cache import load_in_format
 from specserve.models.decoder import DecoderLM
 from specserve.models.layer_drop import keep_first_layers
+from specserve.models.native import fused_layer
 from specserve.spec_decode.draft_model import check_vocab_compatible
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
@@ -104,5 +105,20 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         draft = draft_lm.model
         if config.spec.draft_num_layers is not None:
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
-    logger.info("loaded %s (%s, %s)", config.model.model, config.model.dtype, config.model.device)
-    return build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)
+    engine = build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)
+    formats = {"target": config.model.weights, "draft": config.spec.draft_weights}
+    for role, model in (("target", target.model), ("draft", draft)):
+        if model is None:
+            continue
+        info = {
+            "weights": formats[role] or config.model.weights or config.model.dtype,
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "decode_path": fused_layer.describe(model),
+        }
+        engine.model_info.update({f"{role}_{key}": value for key, value in info.items()})
+        name = config.model.model if role == "target" else config.spec.draft_model
+        logger.info(
+            "loaded %s %s on %s: weights %s, compute %s, decode/verify path: %s",
+            role, name, config.model.device, info["weights"], info["dtype"], info["decode_path"],
+        )  # fmt: skip
+    return engine

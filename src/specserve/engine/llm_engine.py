@@ -45,7 +45,7 @@ from specserve.sampling.sampler import make_generator
 from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
-from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer
+from specserve.spec_decode.proposer import CATCH_UP_STEADY, Proposal, ProposeInput, Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,8 @@ class LLMEngine:
             eos_token_ids if eos_token_ids is not None else model.cfg.eos_token_ids
         )
         self.model_name = model_name
+        # How the models run (EngineStats.model_info); set by the builder.
+        self.model_info: dict[str, str] = {}
         self.proposer = proposer if self.spec.enabled else None
         self.k_controller = k_controller if self.spec.enabled else None
         k_max = self.spec.num_speculative_tokens or self.spec.k_max if self.spec.enabled else 0
@@ -191,7 +193,9 @@ class LLMEngine:
         self.tracker.update_gauges(
             len(self.scheduler.running), len(self.scheduler.waiting), self.kv.pool
         )
-        return self.tracker.snapshot()
+        snapshot = self.tracker.snapshot()
+        snapshot.model_info = dict(self.model_info)
+        return snapshot
 
     # --- the step ----------------------------------------------------------------------------
 
@@ -252,13 +256,15 @@ class LLMEngine:
         self, scheduled: list[ScheduledRequest], proposals: list[Proposal], stats: StepStats
     ) -> None:
         """Feed the k controller the measured costs of a pure decode/verify step (a step with a
-        prefill chunk says nothing about decode cost, so it is not recorded)."""
+        prefill chunk says nothing about decode cost, so it is not recorded; nor does the
+        draft time of a propose call that caught up a lane left behind by k = 0 steps)."""
         if self.k_controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
             return
         num_draft_steps = max(len(p) for p in proposals)
+        burst = getattr(self.proposer, "last_catch_up_tokens", 0) > CATCH_UP_STEADY
         self.k_controller.record_cost(
-            stats.draft_s,
-            num_draft_steps,
+            0.0 if burst else stats.draft_s,
+            0 if burst else num_draft_steps,
             stats.verify_s,
             num_draft_steps + 1,
             batch_size=len(scheduled),

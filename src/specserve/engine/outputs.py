@@ -167,6 +167,9 @@ class EngineStats:
         num_finished: finished requests per finish reason.
         num_rejected: requests refused at admission per reason (``queue_full``,
             ``bad_request``).
+        model_info: how the models run (``target_weights``, ``target_dtype``,
+            ``target_decode_path``, and the ``draft_`` ones with a draft model), as the
+            builder described them; empty for engines built otherwise.
     """
 
     model_name: str = ""
@@ -196,3 +199,4 @@ class EngineStats:
     num_generation_tokens: int = 0
     num_finished: dict[str, int] = field(default_factory=dict)
     num_rejected: dict[str, int] = field(default_factory=dict)
+    model_info: dict[str, str] = field(default_factory=dict)

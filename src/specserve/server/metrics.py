@@ -27,6 +27,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -102,6 +103,12 @@ class EngineStatsCollector(Collector):
         )
         k_hist.add_metric(labels, *k_chosen_buckets(st.k_chosen_counts))
         yield k_hist
+        if st.model_info:
+            yield InfoMetricFamily(
+                "specserve:model",
+                "How the models run: weight format, compute dtype, decode/verify path.",
+                value={"model_name": self._model_name, **st.model_info},
+            )
 
 
 def k_chosen_buckets(counts: dict[int, int]) -> tuple[list[tuple[str, float]], float]:

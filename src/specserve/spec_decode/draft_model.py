@@ -105,6 +105,9 @@ class DraftModelProposer:
             _Lane(i, block_size * (1 + i * blocks_per_lane), []) for i in range(max_num_seqs)
         ][::-1]
         self._lanes: dict[str, _Lane] = {}
+        # Most committed tokens one lane had to catch up in the latest propose call (see
+        # CATCH_UP_STEADY in proposer.py).
+        self.last_catch_up_tokens = 0
 
     def release(self, request_id: str) -> None:
         lane = self._lanes.pop(request_id, None)
@@ -142,6 +145,7 @@ class DraftModelProposer:
             min(inp.num_draft_tokens, self.max_model_len - len(inp.token_ids) + 1) for inp in batch
         ]
         active = [i for i, k in enumerate(ks) if k > 0]
+        self.last_catch_up_tokens = 0
         if not active:
             return [Proposal([]) for _ in batch]
         lanes = {i: self._lane(batch[i].request_id) for i in active}
@@ -156,6 +160,7 @@ class DraftModelProposer:
                 keep += 1
             del lane.tokens[keep:]  # rollback: forget positions >= keep
             feeds[i] = tokens[keep:]
+        self.last_catch_up_tokens = max(len(feed) for feed in feeds.values())
         logits = self._forward(lanes, feeds)
         self._sample(batch, active, logits, drafts, probs)
 

@@ -140,6 +140,7 @@ class HybridProposer:
         ]
         self.num_suffix_drafts += len(batch) - len(fallback)
         self.num_model_drafts += len(fallback)
+        self.draft.last_catch_up_tokens = 0
         drafted = self.draft.propose([batch[i] for i in fallback]) if fallback else []
         model_drafts = dict(zip(fallback, drafted, strict=True))
         for i, (inp, st) in enumerate(zip(batch, states, strict=True)):
@@ -152,6 +153,11 @@ class HybridProposer:
             if model is not None:
                 proposals[i] = model
         return proposals
+
+    @property
+    def last_catch_up_tokens(self) -> int:
+        """The draft model's catch-up in the latest propose call (0 when it did not run)."""
+        return self.draft.last_catch_up_tokens
 
     def release(self, request_id: str) -> None:
         self.suffix.release(request_id)

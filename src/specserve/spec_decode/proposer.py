@@ -65,6 +65,14 @@ class Proposal:
         return len(self.draft_token_ids)
 
 
+# Committed tokens a model proposer catches up in a steady speculative step: the last draft
+# token and the bonus token after a fully accepted draft. A proposer that had to catch up
+# more (after steps with k = 0, when its lane fell behind) reports it in
+# ``last_catch_up_tokens``: that call's time is a one-off burst, not the per-token cost of
+# drafting, and the k controller does not learn the draft cost from it.
+CATCH_UP_STEADY = 2
+
+
 class Proposer(Protocol):
     """Drafts tokens for a batch of requests.
 

@@ -239,3 +239,12 @@ def test_decoder_routes_short_forwards_through_an_installed_layer_runner() -> No
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     fused_layer.disable(model)
     assert model.layer_runner is None and not model.fused_layers
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_describe_names_the_path(fmt: str) -> None:
+    model = _model(fmt=fmt)
+    assert fused_layer.describe(model) == f"native {fmt}_decoder_layer"
+    fused_layer.disable(model)
+    assert fused_layer.describe(model) == "eager (not enabled)"
+    assert fused_layer.describe(_model(dtype=torch.float32)).startswith("eager (needs bf16")

@@ -105,3 +105,12 @@ def test_k_buckets_are_cumulative() -> None:
     as_dict = dict(buckets)
     assert as_dict["0.0"] == 0 and as_dict["1.0"] == 2 and as_dict["3.0"] == 2
     assert as_dict["4.0"] == 5 and as_dict["+Inf"] == 5 and total == 14
+
+
+def test_model_info_is_an_info_metric() -> None:
+    info = {"target_weights": "bf16", "target_dtype": "bfloat16",
+            "target_decode_path": "native bf16_decoder_layer"}  # fmt: skip
+    got = samples(ServerMetrics("tiny", lambda: EngineStats(model_info=info)))
+    assert got[("specserve:model_info", tuple(sorted({"model_name": "tiny", **info}.items())))] == 1
+    plain = samples(ServerMetrics("tiny", lambda: EngineStats()))
+    assert not any(name == "specserve:model_info" for name, _ in plain)

@@ -189,6 +189,16 @@ def why_not(model: DecoderLM) -> str | None:
     return plan if isinstance(plan, str) else None
 
 
+def describe(model: DecoderLM) -> str:
+    """How ``model``'s decode and verify steps run, in words for logs and metrics:
+    ``native int4_decoder_layer``, ``native bf16_decoder_layer`` or ``eager (<why not>)``."""
+    layers = _layers(model)
+    fused = layers[0].fused if layers else None
+    if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
+        return f"native {fused.op}"
+    return f"eager ({why_not(model) or 'not enabled'})"
+
+
 def enable(model: DecoderLM) -> bool:
     """Give every layer of ``model`` its fused-call arguments and switch the model's short
     forwards to :func:`run_layers` if the whole model qualifies (see the module docstring);
