@@ -1,4 +1,6 @@
-// Int4 weight-only GEMV/GEMM for x86 CPUs with AVX-512 BF16 (Zen 4, Sapphire Rapids, ...).
+// Int4 weight-only GEMV/GEMM for x86 CPUs: AVX-512 BF16 + GFNI (Zen 4, Sapphire Rapids, ...),
+// or AVX2 + FMA + F16C (Haswell, Zen 1-3, ...). One variant is compiled, chosen by the
+// -march=native macros; cpu_supported() checks at run time the features of that variant.
 //
 // Computes y = x @ w.T for bf16 (or fp32) activations x [M, K] and int4 weights
 // w[n, k] = q[n, k] * scale[n, g] + minimum[n, g], g = k / G, packed by
@@ -22,7 +24,8 @@
 //   row_scale fp32    [Np]
 //
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
-// thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
+// thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call.
+// AVX-512 variant (the AVX2 one: see its section below):
 //   for each group g:
 //     a0 = a1 = 0
 //     for each block of 8 inputs:  a0 += pair0; a1 += pair1; a0 += pair2; a1 += pair3
@@ -30,7 +33,8 @@
 //     y = fma(s, a0 + a1, y);  y = fma(c - 135.5 s, xsum[m, g], y)
 //   out = y * row_scale
 // where xsum[m, g] (sum of the group's bf16 inputs in fp32) is computed per row in a fixed
-// order. The kernels differ only in how many tiles / rows they interleave (for latency).
+// order (the same in both variants). The kernels differ only in how many tiles / rows they
+// interleave (for latency).
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -44,10 +48,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || \
-    !defined(__AVX512BF16__) || !defined(__GFNI__)
+// One variant per build (-march=native picks it): the AVX-512 BF16 / GFNI kernel, else the
+// AVX2 / FMA / F16C one, else stubs (cpu_supported() false).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__) && defined(__GFNI__)
+#define SPECSERVE_INT4_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SPECSERVE_INT4_AVX2 1
+#else
 #define SPECSERVE_INT4_NO_ISA 1
 #endif
 
@@ -56,17 +67,28 @@ namespace {
 constexpr int64_t kTile = 16;       // output rows per tile (one per fp32 lane)
 constexpr int64_t kBlockK = 8;      // inputs per 64-byte block
 constexpr int64_t kBlockBytes = 64;
-constexpr int64_t kMaxRows = 8;     // rows of x per register block
 constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the unit of a task)
+#ifdef SPECSERVE_INT4_AVX2
+constexpr int64_t kMaxRows = 5;     // rows of x per register block
+#else
+constexpr int64_t kMaxRows = 8;     // rows of x per register block
 constexpr int64_t kPrefetch = 1024; // bytes ahead in a tile's stream (multi-row kernels)
+#endif
 
 #ifndef SPECSERVE_INT4_NO_ISA
+
+#ifdef SPECSERVE_INT4_AVX512
+constexpr const char* kVariant = "AVX-512 BF16 / GFNI";
+#else
+constexpr const char* kVariant = "AVX2 / FMA / F16C";
+#endif
 
 struct Problem {
   const uint8_t* qweight;  // [ntiles, K / 8, 64]
   const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]
   const float* row_scale;  // [ntiles * 16]
-  const uint32_t* xi;      // bf16 pairs of x, row-block interleaved (see interleave_rows)
+  const uint32_t* xi;      // AVX-512: bf16 pairs of x, row-block interleaved (interleave_rows)
+  const float* xf;         // AVX2: x in fp32, row-block interleaved (interleave_rows_f32)
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
@@ -81,6 +103,8 @@ inline int64_t block_start(int64_t M, int64_t i) {
   const int64_t n = num_row_blocks(M), base = M / n, extra = M % n;
   return i * base + std::min(i, extra);
 }
+
+#ifdef SPECSERVE_INT4_AVX512
 
 // xi: for the row block [m0, m0 + rows), the K/2 bf16 pairs of its rows interleaved
 // (pair kp of row m0 + r at xi[m0 * K/2 + kp * rows + r]), so one pointer and constant offsets
@@ -240,6 +264,238 @@ void run_range(const Problem& p, int64_t begin, int64_t end) {
   }
 }
 
+#endif  // SPECSERVE_INT4_AVX512
+
+#ifdef SPECSERVE_INT4_AVX2
+// ---- AVX2 / FMA / F16C variant ------------------------------------------------------------
+//
+// Same layout, same fold of the offset. A ymm register holds 8 fp32 lanes, so a tile of 16
+// rows is two halves: the first 32 bytes of a 64-byte block are rows 0-7 (L = 0, 1), the last
+// 32 rows 8-15 (L = 2, 3). In each 128-bit lane of a half, 32-bit element t of the
+// vpunpck{l,h}bw(lo|hi, 0x43) words is row 4L + t and holds the bf16 pair
+// (128 + q[row, k], 128 + q[row, k + 1]); `element << 16` is fp32 128 + q[row, k] and
+// `element & 0xFFFF0000` is fp32 128 + q[row, k + 1] (both exact). So a block yields, per half,
+// the 8 vectors of inputs k0 .. k0 + 7 (lane i = row i), each FMA'd with the broadcast fp32
+// activation (bf16 x << 16, exact). Per output (m, n):
+//   for each group g:
+//     a0 = a1 = 0
+//     for each pair of inputs (k, k + 1) of the group, k even, in increasing order:
+//       a0 = fma(128 + q[n, k], x[m, k], a0);  a1 = fma(128 + q[n, k + 1], x[m, k + 1], a1)
+//     y = fma(s, a0 + a1, y);  y = fma(fma(s, -135.5, c), xsum[m, g], y)
+//   out = y * row_scale          (bf16 outputs: rounded to nearest even)
+// Products and sums are fp32 (vdpbf16ps's pairwise sum is not reproduced, so the variants
+// agree only to rounding). The kernels differ only in how many tiles, halves and rows they
+// interleave (8 - 10 independent accumulators: 4 cycles of FMA latency at 2 FMAs per cycle).
+// Measured here (Zen 3, 2 cores): the decode's shifts / unpacks share ports with the FMAs, so
+// one row costs ~20 cycles per 64-byte block (~15-19 GB/s over 2 cores), each further row of
+// a verify ~12 more (FMA-bound: 16 FMAs per row and block).
+
+// xf: for the row block [m0, m0 + rows), x in fp32 with its rows interleaved (x[m0 + r, k] at
+// xf[m0 * K + k * rows + r]), so one pointer and constant offsets reach every row's broadcast
+// operand.
+void interleave_rows_f32(const uint16_t* x, float* xf, int64_t M, int64_t K) {
+  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
+    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
+    float* dst = xf + m0 * K;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = x + (m0 + r) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
+        std::memcpy(dst + k * rows + r, &bits, sizeof(bits));
+      }
+    }
+  }
+}
+
+// fp32 -> bf16, round to nearest even (NaN -> 0x7FC0, as c10::BFloat16).
+inline __m128i to_bf16(__m256 v) {
+  const __m256i b = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
+  r = _mm256_srli_epi32(r, 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+// Output rows [n0, n0 + 8) of x row m (only the first `valid` columns exist).
+inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, __m256 v) {
+  if (p.out_f32) {
+    float* o = static_cast<float*>(p.out) + m * p.N + n0;
+    if (valid >= 8) {
+      _mm256_storeu_ps(o, v);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      std::memcpy(o, tmp, static_cast<size_t>(valid) * sizeof(float));
+    }
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + m * p.N + n0;
+    const __m128i h = to_bf16(v);
+    if (valid >= 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), h);
+    } else {
+      alignas(16) uint16_t tmp[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), h);
+      std::memcpy(o, tmp, static_cast<size_t>(valid) * sizeof(uint16_t));
+    }
+  }
+}
+
+// Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
+// m0: the canonical arithmetic above. The loop over the 4 input pairs c of a block is
+// outermost, so consecutive FMAs of one accumulator are 2 * NT * NH * MR FMAs apart (8 or
+// more: the 4-cycle FMA latency is hidden in program order, not left to the out-of-order
+// window); each (tile, half, c) re-derives its words from the block (an L1 load) so that only
+// the accumulators stay live.
+template <int NT, int NH, int MR>
+void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i exp_byte = _mm256_set1_epi8(0x43);
+  const __m256i high_words = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m256 offset = _mm256_set1_ps(-135.5f);  // -(128 + 7.5)
+  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_scales = p.ngroups * 2 * kTile;
+
+  const uint8_t* w[NT];
+  const uint16_t* sc[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
+    sc[t] = p.scales + (tile0 + t) * tile_scales + 8 * h0;
+  }
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const float* xk = p.xf + m0 * p.K;  // x[m0 + m, k] at xk[k * MR + m]
+
+  __m256 y[NT][NH][MR];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m256 a0[NT][NH][MR], a1[NT][NH][MR];  // even / odd inputs
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+      for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          a0[t][h][m] = _mm256_setzero_ps();
+          a1[t][h][m] = _mm256_setzero_ps();
+        }
+    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+#pragma GCC unroll 2
+      for (int nib = 0; nib < 2; ++nib) {  // low nibbles: k0 .. k0 + 3, high: k0 + 4 .. k0 + 7
+        __m256i v[NT][NH];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            v[t][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32 * h));
+            if (nib == 1) v[t][h] = _mm256_srli_epi16(v[t][h], 4);
+            v[t][h] = _mm256_and_si256(v[t][h], low_mask);
+          }
+#pragma GCC unroll 2
+        for (int c = 2 * nib; c < 2 * nib + 2; ++c) {  // inputs k0 + 2c, k0 + 2c + 1
+#pragma GCC unroll 16
+          for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; ++h) {
+              const __m256i z = c % 2 == 0 ? _mm256_unpacklo_epi8(v[t][h], exp_byte)
+                                           : _mm256_unpackhi_epi8(v[t][h], exp_byte);
+              const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(z, 16));
+              const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(z, high_words));
+#pragma GCC unroll 16
+              for (int m = 0; m < MR; ++m)
+                a0[t][h][m] = _mm256_fmadd_ps(even, _mm256_broadcast_ss(xk + 2 * c * MR + m),
+                                              a0[t][h][m]);
+#pragma GCC unroll 16
+              for (int m = 0; m < MR; ++m)
+                a1[t][h][m] = _mm256_fmadd_ps(
+                    odd, _mm256_broadcast_ss(xk + (2 * c + 1) * MR + m), a1[t][h][m]);
+            }
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) w[t] += kBlockBytes;
+      xk += kBlockK * MR;
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+      for (int h = 0; h < NH; ++h) {
+        const __m256 s =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + 8 * h)));
+        const __m256 mid = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + kTile + 8 * h)));
+        const __m256 bias = _mm256_fmadd_ps(s, offset, mid);
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          const __m256 d = _mm256_add_ps(a0[t][h][m], a1[t][h][m]);
+          y[t][h][m] = _mm256_fmadd_ps(s, d, y[t][h][m]);
+          y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
+        }
+      }
+      sc[t] += 2 * kTile;
+    }
+  }
+
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h) {
+      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
+      const int64_t valid = std::min<int64_t>(8, p.N - n0);
+      if (valid <= 0) continue;
+      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
+    }
+  }
+}
+
+// One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows): both halves at
+// once for 1 - 2 rows, else one half at a time (6 - 10 accumulators; 12 would spill).
+void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: run_block<1, 2, 1>(p, tile0, 0, m0); break;
+    case 2: run_block<1, 2, 2>(p, tile0, 0, m0); break;
+    case 3:
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 3>(p, tile0, h, m0);
+      break;
+    case 4:
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 4>(p, tile0, h, m0);
+      break;
+    default:
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 5>(p, tile0, h, m0);
+      break;
+  }
+}
+
+// Tiles [begin, end), all rows: two tiles at once for 1 row (8 accumulators), else one tile at
+// a time, each row block in turn.
+void run_range(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + 2 <= end; t += 2) run_block<2, 2, 1>(p, t, 0, 0);
+  }
+  const int64_t nblocks = num_row_blocks(p.M);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = block_start(p.M, i);
+      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+    }
+  }
+}
+
+#endif  // SPECSERVE_INT4_AVX2
+
 // xsum[m, g] = sum of the group's inputs (bf16 -> fp32), in a fixed order per row.
 void group_sums(const uint16_t* x, float* xsum, int64_t M, int64_t K, int64_t G) {
   const int64_t ngroups = K / G;
@@ -263,6 +519,29 @@ void group_sums(const uint16_t* x, float* xsum, int64_t M, int64_t K, int64_t G)
       xsum[m * ngroups + g] = a + c;
     }
   }
+}
+
+// The CPU features the compiled variant needs and this CPU lacks ("" when it has them all).
+std::string cpu_missing() {
+  __builtin_cpu_init();
+  std::string missing;
+  const auto need = [&missing](bool has, const char* name) {
+    if (has) return;
+    if (!missing.empty()) missing += ", ";
+    missing += name;
+  };
+#ifdef SPECSERVE_INT4_AVX512
+  need(__builtin_cpu_supports("avx512f"), "avx512f");
+  need(__builtin_cpu_supports("avx512bw"), "avx512bw");
+  need(__builtin_cpu_supports("avx512vl"), "avx512vl");
+  need(__builtin_cpu_supports("avx512bf16"), "avx512bf16");
+  need(__builtin_cpu_supports("gfni"), "gfni");
+#else
+  need(__builtin_cpu_supports("avx2"), "avx2");
+  need(__builtin_cpu_supports("fma"), "fma");
+  need(__builtin_cpu_supports("f16c"), "f16c");
+#endif
+  return missing;
 }
 
 #endif  // SPECSERVE_INT4_NO_ISA
@@ -305,17 +584,12 @@ PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Te
 bool cpu_supported() { return false; }
 
 void int4_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
-  STD_TORCH_CHECK(false, "int4 kernel built for a CPU without AVX-512 BF16 / GFNI");
+  STD_TORCH_CHECK(false, "int4 kernel built for a CPU without AVX2 / FMA / F16C");
 }
 
 #else
 
-bool cpu_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-         __builtin_cpu_supports("gfni");
-}
+bool cpu_supported() { return cpu_missing().empty(); }
 
 void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
   const int64_t K = w.K, ngroups = K / w.group_size;
@@ -323,6 +597,8 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   if (M == 0 || w.N == 0) return;
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, w.group_size);
+  Problem p;
+#ifdef SPECSERVE_INT4_AVX512
   std::vector<uint32_t> xi;
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
   if (M > 1) {
@@ -330,12 +606,17 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     interleave_rows(xip, xi.data(), M, K);
     xip = xi.data();
   }
-
-  Problem p;
+  p.xi = xip;
+  p.xf = nullptr;
+#else
+  std::vector<float> xf(static_cast<size_t>(M * K));
+  interleave_rows_f32(x, xf.data(), M, K);
+  p.xi = nullptr;
+  p.xf = xf.data();
+#endif
   p.qweight = w.qweight;
   p.scales = w.scales;
   p.row_scale = w.row_scale;
-  p.xi = xip;
   p.xsum = xsum.data();
   p.out = out;
   p.out_f32 = out_f32;
@@ -380,8 +661,12 @@ using torch::stable::Tensor;
 
 Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
                  const Tensor& row_scale, int64_t out_features, int64_t group_size) {
-  STD_TORCH_CHECK(specserve_native::cpu_supported(),
-                  "int4_gemm: this CPU lacks AVX-512 BF16 / GFNI");
+#ifdef SPECSERVE_INT4_NO_ISA
+  STD_TORCH_CHECK(false, "int4_gemm: built for a CPU without AVX2 / FMA / F16C");
+#else
+  STD_TORCH_CHECK(specserve_native::cpu_supported(), "int4_gemm: this CPU lacks ", cpu_missing(),
+                  " (the kernel was built for ", kVariant, ")");
+#endif
   STD_TORCH_CHECK(x_in.is_cpu(), "int4_gemm: CPU tensors only");
   STD_TORCH_CHECK(x_in.dim() == 2, "int4_gemm: x must be [M, K]");
   const ScalarType xt = x_in.scalar_type();

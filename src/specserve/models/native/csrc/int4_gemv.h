@@ -28,7 +28,7 @@ PackedWeight packed_weight(const torch::stable::Tensor& qweight,
 // M or the split.
 void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32);
 
-// Whether this CPU runs the kernels (AVX-512 BF16 and GFNI).
+// Whether this CPU runs the compiled kernel variant (AVX-512 BF16 + GFNI, or AVX2 + FMA + F16C).
 bool cpu_supported();
 
 // A new contiguous CPU tensor [rows, cols], fp32 or bf16.
