@@ -248,3 +248,17 @@ def test_describe_names_the_path(fmt: str) -> None:
     fused_layer.disable(model)
     assert fused_layer.describe(model) == "eager (not enabled)"
     assert fused_layer.describe(_model(dtype=torch.float32)).startswith("eager (needs bf16")
+
+
+@native
+@native_bf16
+def test_quantising_a_bf16_model_replans_the_path() -> None:
+    """The loader enables the bf16 path on a bf16 model; quantising it to int4 afterwards
+    switches to the int4 op and drops the native bf16 LM head (int4 quantises the head)."""
+    model = _model(fmt="bf16")
+    assert fused_layer.describe(model) == "native bf16_decoder_layer"
+    quantize_model(model, "int4", 32)
+    assert fused_layer.describe(model) == "native int4_decoder_layer"
+    assert model.logits_runner is None
+    hidden = torch.randn(2, 128, dtype=torch.bfloat16)
+    assert model.compute_logits(hidden).shape == (2, model.cfg.vocab_size)

@@ -213,8 +213,8 @@ def enable(model: DecoderLM) -> bool:
     model.layer_runner = run_layers
     lm_head = model.lm_head
     dense_head = type(lm_head) is torch.nn.Linear and lm_head.bias is None
-    if plan[0].op == "bf16_decoder_layer" and dense_head:
-        model.logits_runner = native_logits
+    bf16_head = plan[0].op == "bf16_decoder_layer" and dense_head
+    model.logits_runner = native_logits if bf16_head else None
     return True
 
 

@@ -1,11 +1,12 @@
-"""Native CPU kernel for int4 weight-only matmuls (AVX-512 BF16), built on first use.
+"""Native CPU kernel for int4 weight-only matmuls (AVX-512 BF16 or AVX2), built on first use.
 
 ``y = x @ w.T`` with bf16 (or fp32) activations ``x # [M, K]`` and the group-quantised weights
 of :class:`~specserve.models.quant.int4_weight.Int4Weight` (``w[n, k] = q[n, k] * scale[n, g] +
 minimum[n, g]``, ``g = k // group_size``). The activations are not quantised: the kernel
 turns each code into the bf16 number ``128 + q`` (bit pattern ``0x4300 | q``), multiplies it
-with ``x`` in ``vdpbf16ps`` (exact products, fp32 sums) and folds the offset into the group's
-bias: with the midpoint ``c = minimum + 7.5·scale``,
+with ``x`` exactly (``vdpbf16ps`` on AVX-512 BF16 CPUs; on AVX2 CPUs both become fp32 and meet
+in FMAs), sums in fp32 and folds the offset into the group's bias: with the midpoint
+``c = minimum + 7.5·scale``,
 ``y = Σ_g scale·dot(128 + q, x) + (c − 135.5·scale)·Σ_g x``. That arithmetic is exact up to
 fp32 rounding; ``scale`` and ``c`` are stored as fp16 (after a per-row power-of-two
 normalisation), which costs ~2e-4 relative error on the outputs, well under the bf16 rounding
@@ -26,7 +27,7 @@ Build: ``build.py`` compiles ``csrc/int4_gemv.cpp`` and ``csrc/decoder_layer.cpp
 cached library on first use. The ops are ``torch.ops.specserve.int4_gemm`` and
 ``torch.ops.specserve.int4_decoder_layer`` (see fused_layer.py).
 :func:`available` is False (the reason logged once, see :func:`unavailable_reason`) when
-``SPECSERVE_INT4_NATIVE=0``, on a CPU without AVX-512 BF16 / GFNI, or when the build or a
+``SPECSERVE_INT4_NATIVE=0``, on a CPU without AVX2 / FMA / F16C, or when the build or a
 self-test fails; callers then fall back.
 """
 

@@ -1,0 +1,171 @@
+"""One model and format decoded in process and through ``specserve serve`` (c = 1), side by side.
+
+Both sides are configured by the same ``specserve serve`` flags (after ``--``), so they load the
+same models in the same format and dtype with the same speculation:
+
+- **in process**: the engine the server wraps (``build_engine``), driven step by step in this
+  process with no HTTP and no event loop;
+- **server**: a ``specserve serve`` child process with those flags, one streamed completion
+  at a time.
+
+For each prompt of the ``perf`` suite (chat-templated) and each side it prints the model
+time per engine step — draft + verify seconds over steps, prefill step included: in process
+from the engine's step statistics, in the server from the growth of the
+``specserve:draft_time_seconds`` and ``specserve:verify_time_seconds`` sums and count — and
+the TPOT (decode time per output token after the first, wall clock: in process around the
+steps, server from the stream), then the server / in-process ratios. A step ratio near 1.00
+says the server's steps do the same model work; a TPOT ratio near 1.00 says serving adds
+nothing between steps either.
+
+    .venv/bin/python benchmarks/server_step.py --max-tokens 64 -- \\
+        --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
+        --draft-model qwen2.5-coder-0.5b-instruct --draft-weights int4
+
+Heavy (loads the models twice, once per side): run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from specserve.bench.scrape import parse_prometheus
+from specserve.bench.suites import get_suite
+from specserve.cli import build_parser
+from specserve.commands.serve import engine_config_from_args
+from specserve.engine.builder import build_engine
+from specserve.loading import load_tokenizer
+from specserve.sampling_params import SamplingParams
+from specserve.server.launcher import ServerProcess
+
+_STEP_SUMS = ("specserve:draft_time_seconds_sum", "specserve:verify_time_seconds_sum")
+_STEP_COUNT = "specserve:verify_time_seconds_count"
+
+
+@dataclass
+class Side:
+    """One prompt on one side: engine steps, their model time, and the decode timing."""
+
+    steps: int
+    step_s: float
+    tokens: int
+    decode_s: float  # from the first output token to the last
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1e3 * self.step_s / max(self.steps, 1)
+
+    @property
+    def tpot_ms(self) -> float:
+        return 1e3 * self.decode_s / max(self.tokens - 1, 1)
+
+
+def in_process(
+    serve_args: argparse.Namespace, prompts: list[list[int]], max_tokens: int
+) -> list[Side]:
+    engine = build_engine(engine_config_from_args(serve_args))
+    model_s: list[float] = []  # per step: draft + verify time, as the server's metrics sum
+    engine.add_step_listener(lambda st: model_s.append(st.draft_s + st.verify_s))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    engine.add_request("warm-up", prompts[0], SamplingParams(max_tokens=8, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    sides = []
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"p{i}", ids, params)
+        model_s.clear()
+        tokens, first, last = 0, 0.0, 0.0
+        while engine.has_unfinished_requests():
+            new = sum(len(o.new_token_ids) for o in engine.step())
+            now = time.perf_counter()
+            if new:
+                first = first or now
+                last = now
+            tokens += new
+        sides.append(Side(len(model_s), sum(model_s), tokens, last - first))
+    return sides
+
+
+def _step_totals(base_url: str) -> tuple[float, float]:
+    samples = parse_prometheus(httpx.get(f"{base_url}/metrics", timeout=10).text)
+
+    def total(name: str) -> float:
+        return sum(v for (n, _), v in samples.items() if n == name)
+
+    return sum(total(n) for n in _STEP_SUMS), total(_STEP_COUNT)
+
+
+def _stream(base_url: str, ids: list[int], max_tokens: int) -> tuple[int, float]:
+    body = {
+        "model": "m", "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    first = last = 0.0
+    tokens = 0
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=None) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            now = time.perf_counter()
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            if any(c.get("text") for c in event.get("choices", [])):
+                first = first or now
+                last = now
+    return tokens, last - first
+
+
+def through_server(flags: list[str], prompts: list[list[int]], max_tokens: int) -> list[Side]:
+    log = Path(tempfile.mkdtemp(prefix="server-step-")) / "server.log"
+    with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
+        _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
+        sides = []
+        for ids in prompts:
+            s0, c0 = _step_totals(srv.base_url)
+            tokens, decode_s = _stream(srv.base_url, ids, max_tokens)
+            s1, c1 = _step_totals(srv.base_url)
+            sides.append(Side(int(c1 - c0), s1 - s0, tokens, decode_s))
+    return sides
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompts", default="palindrome,cat", help="ids of the perf suite")
+    p.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then specserve serve flags")
+    args = p.parse_args()
+    flags = [f for f in args.serve_flags if f != "--"]
+    serve_args = build_parser().parse_args(["serve", *flags])
+    tokenizer = load_tokenizer(serve_args.model)
+    wanted = args.prompts.split(",")
+    suite = {prompt.id: prompt for prompt in get_suite("perf")}
+    prompts = [
+        tokenizer.encode_chat([{"role": "user", "content": suite[name].text}]) for name in wanted
+    ]
+    local = in_process(serve_args, prompts, args.max_tokens)
+    served = through_server(flags, prompts, args.max_tokens)
+    print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
+    print("| prompt | ms/step in process | ms/step server | server/in process | "
+          "TPOT ms in process | TPOT ms server | server/in process | tokens |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name, a, b in zip(wanted, local, served, strict=True):
+        print(
+            f"| {name} | {a.ms_per_step:.1f} | {b.ms_per_step:.1f} | "
+            f"{b.ms_per_step / a.ms_per_step:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
+            f"{b.tpot_ms / a.tpot_ms:.2f} | {a.tokens} / {b.tokens} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
