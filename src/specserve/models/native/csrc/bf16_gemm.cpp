@@ -47,7 +47,7 @@ struct Job {
   const uint16_t* w;     // [N, K]
   const float* xd;       // [M, K]: per chunk, its 8 even then its 8 odd inputs (fp32)
   const uint16_t* bias;  // [N] or null
-  void* out;
+  void* out;             // element (m, n) at out + m * ldo + n
   int64_t ldo, K, M;
   bool out_f32;
 };
@@ -172,23 +172,41 @@ DenseWeight dense_weight(const Tensor& w, const char* what) {
   return DenseWeight{static_cast<const uint16_t*>(w.const_data_ptr()), w.size(0), w.size(1)};
 }
 
-void bf16_matmul(const uint16_t* x, int64_t M, const DenseWeight& w, const uint16_t* bias,
-                 void* out, int64_t ldo, bool out_f32) {
-  if (M == 0 || w.N == 0) return;
+void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, int count,
+                      int64_t ldo, bool out_f32) {
+  if (M == 0 || count == 0) return;
+  const int64_t K = parts[0].w.K;
+  for (int i = 0; i < count; ++i)
+    STD_TORCH_CHECK(parts[i].w.K == K, "bf16_matmul_many: weights of different widths");
   // Per calling thread, reused: the split inputs are small (M x K fp32).
   thread_local std::vector<float> xd;
-  xd.resize(static_cast<size_t>(M * w.K));
-  split_pairs(x, xd.data(), M, w.K);
-  const Job job{w.data, xd.data(), bias, out, ldo, w.K, M, out_f32};
-  // Units of kTaskRows weight rows; a task holds at least 128 KiB / (M + 1) of weights, so
-  // small matrices stay on one thread.
-  const int64_t units = (w.N + kTaskRows - 1) / kTaskRows;
-  const int64_t unit_bytes = kTaskRows * w.K * 2;
+  xd.resize(static_cast<size_t>(M * K));
+  split_pairs(x, xd.data(), M, K);
+  const float* xdp = xd.data();  // the worker threads have thread_locals of their own
+  // Units of kTaskRows weight rows, numbered across the parts in order; a task holds at
+  // least 128 KiB / (M + 1) of weights, so small matrices stay on one thread.
+  std::vector<int64_t> first_unit(count + 1, 0);
+  for (int i = 0; i < count; ++i)
+    first_unit[i + 1] = first_unit[i] + (parts[i].w.N + kTaskRows - 1) / kTaskRows;
+  const int64_t unit_bytes = kTaskRows * K * 2;
   const int64_t grain = std::max<int64_t>(
       1, (int64_t{128} << 10) / (unit_bytes * std::min<int64_t>(M + 1, 16)));
-  torch::stable::parallel_for(0, units, grain, [&](int64_t b, int64_t e) {
-    run_range(job, b * kTaskRows, std::min(w.N, e * kTaskRows));
+  torch::stable::parallel_for(0, first_unit[count], grain, [&](int64_t b, int64_t e) {
+    for (int i = 0; i < count; ++i) {
+      const int64_t lo = std::max(b, first_unit[i]), hi = std::min(e, first_unit[i + 1]);
+      if (lo >= hi) continue;
+      const DenseMatmul& p = parts[i];
+      const Job job{p.w.data, xdp, p.bias, p.out, ldo, K, M, out_f32};
+      const int64_t u0 = lo - first_unit[i], u1 = hi - first_unit[i];
+      run_range(job, u0 * kTaskRows, std::min(p.w.N, u1 * kTaskRows));
+    }
   });
+}
+
+void bf16_matmul(const uint16_t* x, int64_t M, const DenseWeight& w, const uint16_t* bias,
+                 void* out, int64_t ldo, bool out_f32) {
+  const DenseMatmul part{w, bias, out};
+  bf16_matmul_many(x, M, &part, 1, ldo, out_f32);
 }
 
 }  // namespace specserve_native

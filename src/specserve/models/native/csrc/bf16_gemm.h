@@ -24,4 +24,16 @@ DenseWeight dense_weight(const torch::stable::Tensor& w, const char* what);
 void bf16_matmul(const uint16_t* x, int64_t M, const DenseWeight& w, const uint16_t* bias,
                  void* out, int64_t ldo, bool out_f32);
 
+// One weight of bf16_matmul_many: its output columns start at out (row stride: ldo).
+struct DenseMatmul {
+  DenseWeight w;
+  const uint16_t* bias;  // [w.N] or null
+  void* out;
+};
+
+// Several bf16_matmul calls on the same x (weights of equal K, outputs of equal row stride)
+// in one parallel region: q/k/v, gate/up. Each output is bit for bit what bf16_matmul gives.
+void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, int count,
+                      int64_t ldo, bool out_f32);
+
 }  // namespace specserve_native

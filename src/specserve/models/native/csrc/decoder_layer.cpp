@@ -392,17 +392,19 @@ struct Bf16Proj {
   int64_t n_qkv, I;
   void qkv(const uint16_t* h, int64_t M, uint16_t* out) const {
     const uint16_t* b = qkv_bias;
-    specserve_native::bf16_matmul(h, M, q_w, b, out, n_qkv, false);
-    specserve_native::bf16_matmul(h, M, k_w, b ? b + q_w.N : nullptr, out + q_w.N, n_qkv, false);
-    specserve_native::bf16_matmul(h, M, v_w, b ? b + q_w.N + k_w.N : nullptr,
-                                  out + q_w.N + k_w.N, n_qkv, false);
+    const specserve_native::DenseMatmul parts[3] = {
+        {q_w, b, out},
+        {k_w, b ? b + q_w.N : nullptr, out + q_w.N},
+        {v_w, b ? b + q_w.N + k_w.N : nullptr, out + q_w.N + k_w.N}};
+    specserve_native::bf16_matmul_many(h, M, parts, 3, n_qkv, false);
   }
   void o(const uint16_t* a, int64_t M, uint16_t* out) const {
     specserve_native::bf16_matmul(a, M, o_w, nullptr, out, o_w.N, false);
   }
   void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
-    specserve_native::bf16_matmul(h, M, gate_w, nullptr, out, 2 * I, false);
-    specserve_native::bf16_matmul(h, M, up_w, nullptr, out + I, 2 * I, false);
+    const specserve_native::DenseMatmul parts[2] = {{gate_w, nullptr, out},
+                                                    {up_w, nullptr, out + I}};
+    specserve_native::bf16_matmul_many(h, M, parts, 2, 2 * I, false);
   }
   void down(const uint16_t* a, int64_t M, uint16_t* out) const {
     specserve_native::bf16_matmul(a, M, down_w, nullptr, out, down_w.N, false);
