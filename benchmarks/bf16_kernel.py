@@ -1,0 +1,134 @@
+"""The native bf16 path against PyTorch's, per matmul shape and per whole decoder step.
+
+``--part matmul``: for the Qwen2.5-Coder-1.5B shapes, weight bytes read per second by
+``specserve::bf16_gemm`` and by ``torch.nn.functional.linear`` (bf16) at M = 1, 5 and 16
+rows. Each timing rotates over enough weight copies (>= 128 MB) that reads come from memory,
+not from the last-level cache, as in real decoding; best of 3.
+
+``--part step``: one forward of the 1.5B in bf16 over T = 1 and T = 5 new tokens at a
+200-token context, on the native path (one ``bf16_decoder_layer`` op per layer and the
+native LM head) and on the eager path (PyTorch's linears, ``fused_layer.disable``), the two
+alternating on the same model so that both see the same machine; medians. It also says
+whether each path's T = 5 rows equal, bit for bit, what five T = 1 steps give (the condition
+for greedy speculative output to equal plain output).
+
+    python benchmarks/bf16_kernel.py --part matmul
+    python benchmarks/bf16_kernel.py --part step
+
+Run it alone on the machine: it measures memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from specserve.models.native import bf16_native
+
+SHAPES = [(1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536), (1536, 151936)]  # K, N
+ROWS = (1, 5, 16)
+
+
+def _best_of(fn: Callable[[], object], repeats: int, calls: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best
+
+
+def _rotating(
+    matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+) -> Callable[[], object]:
+    """``matmul(x, w)`` with the next of ``weights`` on each call."""
+    turn = iter(range(1 << 62))
+    return lambda: matmul(x, weights[next(turn) % len(weights)])
+
+
+def part_matmul() -> None:
+    print("| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |")
+    print("|---|---|---|---|---|---|---|")
+    for k, n in SHAPES:
+        nbytes = k * n * 2
+        copies = max(1, (128 << 20) // nbytes)
+        weights = [torch.randn(n, k).to(torch.bfloat16) for _ in range(copies)]
+        for m in ROWS:
+            x = torch.randn(m, k).to(torch.bfloat16)
+            a = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
+            b = _best_of(_rotating(torch.nn.functional.linear, x, weights), 3, copies)
+            print(
+                f"| {k} x {n} | {m} | {a * 1e3:.2f} | {nbytes / a / 1e9:.1f} | {b * 1e3:.2f} | "
+                f"{nbytes / b / 1e9:.1f} | {b / a:.2f} |"
+            )
+
+
+def part_step(rounds: int) -> None:
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading import load_model
+    from specserve.models.native import fused_layer
+
+    model = load_model("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16).model
+    if not fused_layer.enable(model):
+        raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
+    context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
+    new = [311, 42, 977, 5, 1234]
+    cache = SingleSequenceCache(model, 256)
+    cache.forward(context)  # prefill: eager on both paths
+
+    def step(native: bool, tokens: list[int]) -> tuple[float, torch.Tensor]:
+        (fused_layer.enable if native else fused_layer.disable)(model)
+        cache.truncate(len(context))
+        t0 = time.perf_counter()
+        hidden = cache.forward(tokens)
+        logits = model.compute_logits(hidden)
+        return time.perf_counter() - t0, logits
+
+    times: dict[tuple[bool, int], list[float]] = {(n, t): [] for n in (True, False) for t in (1, 5)}
+    for _ in range(rounds):
+        for native in (True, False):
+            for t in (1, 5):
+                times[(native, t)].append(step(native, new[:t])[0])
+    print("| path | T = 1 ms | T = 5 ms | T = 5 / T = 1 | T = 5 rows == five T = 1 steps |")
+    print("|---|---|---|---|---|")
+    med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
+    for native in (True, False):
+        (fused_layer.enable if native else fused_layer.disable)(model)
+        cache.truncate(len(context))
+        together = model.compute_logits(cache.forward(new))
+        cache.truncate(len(context))
+        one_by_one = torch.cat([model.compute_logits(cache.forward([tok])) for tok in new])
+        same = torch.equal(together, one_by_one)
+        name = "native (bf16_decoder_layer)" if native else "eager (torch linears)"
+        t1, t5 = med[(native, 1)], med[(native, 5)]
+        print(f"| {name} | {t1:.1f} | {t5:.1f} | {t5 / t1:.2f} | {'yes' if same else 'no'} |")
+    print(f"eager / native: T = 1 {med[(False, 1)] / med[(True, 1)]:.2f}x, "
+          f"T = 5 {med[(False, 5)] / med[(True, 5)]:.2f}x ({rounds} rounds, medians)")  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--part", choices=["matmul", "step"], required=True)
+    p.add_argument("--rounds", type=int, default=15, help="alternations of --part step")
+    args = p.parse_args()
+    if not bf16_native.available():
+        raise SystemExit(f"native bf16 kernel unavailable: {bf16_native.unavailable_reason()}")
+    if args.part == "matmul":
+        part_matmul()
+    else:
+        part_step(args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
