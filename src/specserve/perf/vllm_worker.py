@@ -29,6 +29,11 @@ import sys
 import time
 from typing import Any
 
+# Run as a script, this file's folder (specserve/perf) comes first on sys.path, and its
+# profile.py would shadow the standard library's (cProfile imports it; vLLM imports cProfile).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
 
 def _counter(llm: Any, name: str) -> float | None:
     """The value of a vLLM counter (``LLM.get_metrics``), None when it is not reported."""

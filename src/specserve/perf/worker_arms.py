@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -49,8 +50,11 @@ def _run_worker(
             return records, str(rec["error"])
         records.append(rec)
     if proc.returncode != 0:
-        err = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return records, f"{worker.removesuffix('.py')} failed: {err[0]}"
+        lines = proc.stderr.strip().splitlines()
+        # The exception's line: vLLM logs its shutdown after it.
+        raised = [line for line in lines if re.match(r"\w+(Error|Exception)\b", line)]
+        why = (raised or lines or [f"exit {proc.returncode}"])[-1]
+        return records, f"{worker.removesuffix('.py')} failed: {why}"
     return records, None
 
 

@@ -90,12 +90,66 @@ def test_worker_lines_become_rows(tmp_path: Path) -> None:
     assert draft.tokens_per_forward(1) == 3.0
 
 
+FAKE_VLLM = """
+import cProfile  # as vLLM does: the worker's folder must not shadow the standard library
+from types import SimpleNamespace
+
+print("INFO fake vllm: a log line on stdout")
+
+
+class SamplingParams:
+    def __init__(self, **kw):
+        assert kw["temperature"] == 0.0 and not kw["ignore_eos"]
+        self.__dict__.update(kw)
+
+
+class LLM:
+    def __init__(self, **kw):
+        assert kw["dtype"] == "bfloat16" and kw["max_model_len"] == 2048
+        assert not kw["enable_prefix_caching"]
+        self.spec = kw.get("speculative_config")
+        assert self.spec in (None, {"model": "hf/d", "num_speculative_tokens": 3})
+        self.drafts = 0
+
+    def generate(self, prompts, params, use_tqdm=True):
+        (prompt,) = prompts
+        n = params.max_tokens
+        ids = [(sum(prompt["prompt_token_ids"]) + i) % 5 + 1 for i in range(n)]
+        if self.spec:
+            self.drafts += (n - 1 + 3) // 4  # each verify gives up to k + 1 tokens
+        stats = SimpleNamespace(
+            first_token_ts=10.0, last_token_ts=10.0 + 0.25 * (n - 1), first_token_latency=0.5
+        )
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids)], metrics=stats)]
+
+    def get_metrics(self):
+        return [SimpleNamespace(name="vllm:spec_decode_num_drafts", value=self.drafts)]
+"""
+
+
+def test_the_worker_against_a_fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    (tmp_path / "vllm" / "inputs.py").write_text(
+        "def TokensPrompt(prompt_token_ids):\n    return {'prompt_token_ids': prompt_token_ids}\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    plain, draft = run_vllm(sys.executable, "hf/t", "hf/d", PROMPTS, 9, (0,), 2, 3)
+    assert plain.error is None and draft.error is None, (plain.error, draft.error)
+    expected = [[2, 3, 4, 5, 1, 2, 3, 4, 5], [5, 1, 2, 3, 4, 5, 1, 2, 3]]
+    assert plain.token_ids == draft.token_ids == expected
+    assert plain.prefill_s == [0.5, 0.5] and plain.decode_s == [2.0, 2.0]
+    assert plain.tok_per_s(0) == 4.0 and plain.tokens_per_forward(0) == 1.0
+    assert draft.tokens_per_forward(0) == 4.0  # 8 tokens after the first in 2 verifies
+
+
 def test_a_failing_worker_and_unknown_forwards(tmp_path: Path) -> None:
     python = _fake_python(
         tmp_path,
         "if args['mode'] == 'draft':\n"
         "    print('Traceback ...', file=sys.stderr)\n"
         "    print('RuntimeError: no draft on CPU', file=sys.stderr)\n"
+        "    print('INFO shutting down', file=sys.stderr)\n"
         "    sys.exit(1)\n"
         "emit({'mode': 'plain', 'token_ids': [1, 2], 'prefill_s': 0.1, 'decode_s': 0.1,\n"
         "      'num_forwards': None})\n",
