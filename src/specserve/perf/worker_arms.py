@@ -24,8 +24,9 @@ def _run_worker(
     python: str, worker: str, args: Mapping[str, object], env: dict[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Run ``python worker JSON`` (a ``*_worker.py`` next to this module) and read its JSON
-    lines from stdout: the records, and why it failed (its ``error`` record, its last line
-    on stderr or its exit status), None when it did not. Other stdout lines are ignored."""
+    lines from stdout: the records, and why it failed (its ``error`` record, else the last
+    exception line or last line on stderr, else its exit status), None when it did not.
+    Other stdout lines are ignored."""
     script = Path(__file__).with_name(worker)
     try:
         proc = subprocess.run(
