@@ -1,4 +1,4 @@
-"""``specserve perf``: CPU decode speed of specserve beside transformers and llama.cpp.
+"""``specserve perf``: CPU decode speed of specserve beside transformers, llama.cpp and vLLM.
 
 The command itself lives in :mod:`specserve.perf` (flags: ``perf/options.py``, run:
 ``perf/main.py``); this module only registers it.
@@ -12,7 +12,9 @@ from specserve.perf.options import add_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("perf", help="CPU performance: specserve vs transformers vs llama.cpp")
+    p = sub.add_parser(
+        "perf", help="CPU performance: specserve vs transformers, llama.cpp and vLLM"
+    )
     add_arguments(p)
     p.set_defaults(func=run)
 

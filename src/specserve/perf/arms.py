@@ -1,18 +1,15 @@
 """The arms of ``specserve perf``: one function per engine, each returning :class:`ArmResult`.
 
 Every arm runs the same prompt token ids, greedy, batch 1, on this machine, in one process
-(llama.cpp in a child process, see ``llamacpp_worker.py``), so the printed ratios are
+(llama.cpp and vLLM in child processes, see ``worker_arms.py``), so the printed ratios are
 measured side by side.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -222,52 +219,3 @@ def run_transformers(
             arm.prefill_s.append(t1 - t0)
             arm.decode_s.append(max(t2 - t1 - (t1 - t0), 1e-9))
     return arm
-
-
-def run_llamacpp(
-    python: str,
-    gguf: Path,
-    prompts: list[list[int]],
-    max_tokens: int,
-    eos: tuple[int, ...],
-    threads: int,
-    num_pred_tokens: int = 10,
-) -> list[ArmResult]:
-    """llama.cpp plain and prompt-lookup arms, in a child process of ``python``."""
-    worker = Path(__file__).with_name("llamacpp_worker.py")
-    modes = ["plain", "prompt_lookup"]
-    arms = {m: ArmResult(f"llama.cpp {gguf.name.split('-')[-1][:-5]} {m}") for m in modes}
-    args = {
-        "gguf": str(gguf),
-        "prompts": prompts,
-        "max_tokens": max_tokens,
-        "threads": threads,
-        "modes": modes,
-        "num_pred_tokens": num_pred_tokens,
-        "eos": list(eos),
-    }
-    try:
-        proc = subprocess.run(
-            [python, str(worker), json.dumps(args)],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [ArmResult(a.name, error=f"{python}: {e}") for a in arms.values()]
-    for line in proc.stdout.splitlines():
-        rec = json.loads(line)
-        if "error" in rec:
-            return [ArmResult(a.name, error=rec["error"]) for a in arms.values()]
-        arm = arms[rec["mode"]]
-        arm.token_ids.append(rec["token_ids"])
-        arm.prefill_s.append(rec["prefill_s"])
-        arm.decode_s.append(rec["decode_s"])
-    if proc.returncode != 0:
-        err = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        return [
-            ArmResult(a.name, error=f"llama.cpp worker failed: {err[0]}") for a in arms.values()
-        ]
-    arms["plain"].bytes_per_token = gguf.stat().st_size  # tied embedding: all of it is read
-    return list(arms.values())

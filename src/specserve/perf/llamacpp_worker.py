@@ -9,8 +9,14 @@ per (mode, prompt) on stdout with the generated ids and timings.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+# Run as a script, this file's folder (specserve/perf) comes first on sys.path, and its
+# profile.py would shadow the standard library's (which cProfile imports).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
 
 
 def main() -> int:

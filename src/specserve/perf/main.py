@@ -1,10 +1,11 @@
 """The run of ``specserve perf``: CPU decode speed of specserve (each weight format, plain /
-speculative / fused), transformers (plain, assisted) and llama.cpp (plain, prompt lookup) on
-the same prompts, plus memory bandwidth, achieved bandwidth, peak memory and quantisation
-quality. The prompts are the registry suite ``perf`` (specserve.bench.suites).
+speculative / fused), transformers (plain, assisted), llama.cpp (plain, prompt lookup) and
+vLLM (bf16 plain, draft model; only with ``--arms ...,vllm``) on the same prompts, plus
+memory bandwidth, achieved bandwidth, peak memory and quantisation quality. The prompts are
+the registry suite ``perf`` (specserve.bench.suites).
 
 All arms run in one invocation on the same machine; ratios are taken inside the run. Arms
-that cannot run (llama_cpp missing, transformers missing) are printed with the reason.
+that cannot run (llama_cpp, transformers or vllm missing) are printed with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from specserve.perf.arms import (
     ArmResult,
     hf_from_decoder,
     measure_bandwidth_gbs,
-    run_llamacpp,
     run_specserve_fused,
     run_specserve_plain,
     run_specserve_spec,
@@ -37,6 +37,7 @@ from specserve.perf.report import (
     print_table,
     quality_vs,
 )
+from specserve.perf.worker_arms import run_llamacpp, run_vllm
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.factory import make_proposer
 
@@ -161,6 +162,17 @@ def run(args: argparse.Namespace) -> int:
         gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
         results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
         bandwidth.append(measure_bandwidth_gbs())
+    if "vllm" in arms_wanted:
+        results += run_vllm(
+            args.vllm_python,
+            args.vllm_model_dir,
+            args.vllm_draft_dir,
+            prompts,
+            args.max_tokens,
+            eos,
+            threads,
+            args.k,
+        )
     from specserve.models.native import huge_pages
 
     bw = max(bandwidth)

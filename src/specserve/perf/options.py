@@ -28,12 +28,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arms",
         default="plain,draft,ngram,fused,transformers,llamacpp",
-        help="which arm groups to run",
+        help="which arm groups to run (also: vllm, which needs --vllm-python and --vllm-model-dir)",
     )
     p.add_argument(
         "--llama-python",
         default=os.environ.get("SPECSERVE_LLAMA_PYTHON", sys.executable),
         help="interpreter with llama_cpp (env SPECSERVE_LLAMA_PYTHON)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SPECSERVE_VLLM_PYTHON") or None,
+        help="interpreter with vllm for the vllm arms (env SPECSERVE_VLLM_PYTHON; without "
+        "one, or without vllm importable there, the arms are printed as not run)",
+    )
+    p.add_argument(
+        "--vllm-model-dir",
+        default=None,
+        help="bf16 Hugging Face directory of the target for the vllm arms, converted from "
+        "the same GGUF file the specserve arms load (so that all arms run the same weights)",
+    )
+    p.add_argument(
+        "--vllm-draft-dir",
+        default=None,
+        help="bf16 Hugging Face directory of the draft for the vllm draft arm, converted from "
+        "the same GGUF file as --draft (without it only vllm plain runs)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch/llama.cpp threads")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoders")

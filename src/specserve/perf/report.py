@@ -70,6 +70,18 @@ def _reference_for(arm: ArmResult, plain_by_fmt: dict[str, ArmResult]) -> ArmRes
     return plain_by_fmt.get("bf16")
 
 
+def _plain_row(results: list[ArmResult], engine: str) -> ArmResult | None:
+    """The first measured plain row of another engine (``llama.cpp``, ``vllm``)."""
+    return next(
+        (
+            r
+            for r in results
+            if r.name.startswith(f"{engine} ") and r.name.endswith(" plain") and not r.error
+        ),
+        None,
+    )
+
+
 def print_table(
     results: list[ArmResult],
     names: list[str],
@@ -77,20 +89,20 @@ def print_table(
     bandwidth_gbs: float,
     plain_by_fmt: dict[str, ArmResult],
 ) -> None:
-    """One row per arm; per prompt: decode tok/s, ×bf16 plain, ×llama.cpp plain, tokens per
-    target forward, output == the same format's plain output (specserve) or bf16's."""
-    bf16 = plain_by_fmt.get("bf16")
-    llama = next(
-        (
-            r
-            for r in results
-            if r.name.startswith("llama.cpp") and r.name.endswith("plain") and not r.error
-        ),
-        None,
-    )
+    """One row per arm; per prompt: decode tok/s, ×bf16 plain, ×llama.cpp plain (×vLLM plain
+    too when a vllm row ran), tokens per target forward, output == the same format's plain
+    output (specserve) or bf16's."""
+    ratios: list[tuple[str, ArmResult | None]] = [
+        ("bf16", plain_by_fmt.get("bf16")),
+        ("llama", _plain_row(results, "llama.cpp")),
+    ]
+    vllm = _plain_row(results, "vllm")
+    if vllm is not None:
+        ratios.append(("vllm", vllm))
+    columns = " ".join(f"×{label}" for label, _ in ratios)
     print()
     head = " | ".join(
-        f"{n} ({k}): tok/s ×bf16 ×llama tok/fwd same" for n, k in zip(names, kinds, strict=True)
+        f"{n} ({k}): tok/s {columns} tok/fwd same" for n, k in zip(names, kinds, strict=True)
     )
     print(f"| arm | {head} | achieved BW |")
     for r in results:
@@ -101,8 +113,10 @@ def print_table(
         ref = _reference_for(r, plain_by_fmt)
         for i in range(len(names)):
             tps = r.tok_per_s(i)
-            x_bf16 = f"{tps / bf16.tok_per_s(i):.2f}" if bf16 and bf16.tok_per_s(i) else "-"
-            x_llama = f"{tps / llama.tok_per_s(i):.2f}" if llama and llama.tok_per_s(i) else "-"
+            xs = " ".join(
+                f"{tps / base.tok_per_s(i):.2f}" if base and base.tok_per_s(i) else "-"
+                for _, base in ratios
+            )
             tpf = r.tokens_per_forward(i)
             same = (
                 "-"
@@ -113,11 +127,7 @@ def print_table(
                     else f"{common_prefix_fraction(r.token_ids[i], ref.token_ids[i]):.0%}"
                 )
             )
-            cells.append(
-                f"{tps:.1f} {x_bf16} {x_llama} {tpf:.2f} {same}"
-                if tpf
-                else f"{tps:.1f} {x_bf16} {x_llama} - {same}"
-            )
+            cells.append(f"{tps:.1f} {xs} {f'{tpf:.2f}' if tpf else '-'} {same}")
         bw = "-"
         if r.bytes_per_token:
             mean_tps = sum(r.tok_per_s(i) for i in range(len(names))) / len(names)

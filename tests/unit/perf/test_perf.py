@@ -14,12 +14,13 @@ from specserve.cli import build_parser, main
 from specserve.commands import perf as perf_command
 from specserve.models.quant.quantize import quantize_model
 from specserve.perf import arms, engine_batching
-from specserve.perf.arms import ArmResult, decode_bytes_per_token, run_llamacpp
+from specserve.perf.arms import ArmResult, decode_bytes_per_token
 from specserve.perf.report import (
     common_prefix_fraction,
     mean_log_likelihood,
     quality_vs,
 )
+from specserve.perf.worker_arms import run_llamacpp
 from tests.conftest import make_tiny_model
 
 
