@@ -79,10 +79,10 @@ def test_bad_arguments_raise_clear_errors() -> None:
 
 def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSERVE_BF16_NATIVE", "0")
-    monkeypatch.setattr(bf16_native, "_state", {})  # as in a fresh process
+    monkeypatch.setattr(bf16_native._kernel, "state", {})  # as in a fresh process
     assert not bf16_native.available()
     assert "SPECSERVE_BF16_NATIVE" in (bf16_native.unavailable_reason() or "")
-    assert bf16_native._state == {}  # nothing was built or loaded
+    assert bf16_native._kernel.state == {}  # nothing was built or loaded
     w, _, x = _data(8, 32, 1)
     with pytest.raises(RuntimeError, match="not loaded"):
         bf16_native.matmul(x, w)
@@ -91,7 +91,7 @@ def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_failed_build_is_reported_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(bf16_native, "_state", {})
+    monkeypatch.setattr(bf16_native._kernel, "state", {})
     monkeypatch.setattr(bf16_native.build, "load_library", lambda: "this CPU lacks avx2")
     with caplog.at_level(logging.WARNING, logger=bf16_native.__name__):
         assert not bf16_native.available()

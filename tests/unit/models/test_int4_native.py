@@ -95,7 +95,7 @@ def test_available_is_true_or_logs_a_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv("SPECSERVE_INT4_NATIVE", raising=False)
-    monkeypatch.setattr(int4_native, "_state", {})  # decide again (reuses a loaded library)
+    monkeypatch.setattr(int4_native._kernel, "state", {})  # decide again (reuses a loaded library)
     with caplog.at_level(logging.WARNING, logger=int4_native.__name__):
         ok = int4_native.available()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -108,10 +108,10 @@ def test_available_is_true_or_logs_a_reason(
 
 def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSERVE_INT4_NATIVE", "0")
-    monkeypatch.setattr(int4_native, "_state", {})  # as in a fresh process
+    monkeypatch.setattr(int4_native._kernel, "state", {})  # as in a fresh process
     assert not int4_native.available()
     assert "SPECSERVE_INT4_NATIVE" in (int4_native.unavailable_reason() or "")
-    assert int4_native._state == {}  # nothing was built or loaded
+    assert int4_native._kernel.state == {}  # nothing was built or loaded
     packed = pack(_weight(16, 64))
     with pytest.raises(RuntimeError, match="not loaded"):
         matmul(torch.randn(1, 64, dtype=torch.bfloat16), packed)
@@ -120,7 +120,7 @@ def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_failed_build_reports_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(int4_native, "_state", {})
+    monkeypatch.setattr(int4_native._kernel, "state", {})
     monkeypatch.setattr(int4_native, "_load", lambda: "build failed: no compiler")
     with caplog.at_level(logging.WARNING, logger=int4_native.__name__):
         assert not int4_native.available()

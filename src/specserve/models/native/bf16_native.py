@@ -18,13 +18,11 @@ F16C, or when the build or the self-test fails; callers then keep PyTorch's path
 from __future__ import annotations
 
 import logging
-import os
-import threading
 
 import torch
 
 from specserve.models.native import build
-from specserve.models.native.env_switch import switched_off
+from specserve.models.native.availability import Availability
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +31,6 @@ __all__ = ["K_MULTIPLE", "available", "matmul", "unavailable_reason"]
 K_MULTIPLE = 16  # the kernel's input features must be a multiple of this
 _ENV_SWITCH = "SPECSERVE_BF16_NATIVE"
 _NO_BIAS = torch.empty(0, dtype=torch.bfloat16)
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "ok": bool, "reason": str | None (after the first attempt)
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -57,7 +52,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             f"bf16 matmul takes CPU bf16 inputs [..., {k}], got {x.dtype} {tuple(x.shape)} on "
             f"{x.device}"
         )
-    if _state.get("ok") is not True:
+    if not _kernel.loaded():
         raise RuntimeError(f"the native bf16 kernel is not loaded: {unavailable_reason()}")
     x2 = x.reshape(-1, k)
     y = torch.ops.specserve.bf16_gemm(
@@ -87,8 +82,7 @@ def _self_test() -> str | None:
     return None
 
 
-def _disabled() -> bool:
-    return switched_off(_ENV_SWITCH)
+_kernel = Availability("bf16", _ENV_SWITCH, lambda: build.load_library() or _self_test(), logger)
 
 
 def available() -> bool:
@@ -97,24 +91,9 @@ def available() -> bool:
     False when ``SPECSERVE_BF16_NATIVE=0`` (checked on every call), or after a failed build /
     an unsupported CPU (decided once per process, the reason logged once).
     """
-    if _disabled():
-        return False
-    if "ok" not in _state:
-        with _lock:
-            if "ok" not in _state:
-                reason = build.load_library() or _self_test()
-                if reason is None:
-                    build.register_fakes()
-                else:
-                    logger.warning("native bf16 kernel unavailable, falling back: %s", reason)
-                _state["reason"] = reason
-                _state["ok"] = reason is None
-    return bool(_state["ok"])
+    return _kernel.available()
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was never asked)."""
-    if _disabled():
-        return f"disabled by {_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)}"
-    reason = _state.get("reason")
-    return reason if isinstance(reason, str) else None
+    return _kernel.unavailable_reason()

@@ -34,14 +34,12 @@ self-test fails; callers then fall back.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from dataclasses import dataclass, field
 
 import torch
 
 from specserve.models.native import build, huge_pages
-from specserve.models.native.env_switch import switched_off
+from specserve.models.native.availability import Availability
 from specserve.models.quant.int4_weight import Int4Weight
 
 logger = logging.getLogger(__name__)
@@ -60,9 +58,6 @@ BLOCK_K = 8  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
 _INPUT_DTYPES = (torch.bfloat16, torch.float32)
-
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "ok": bool, "reason": str | None (after the first attempt)
 
 
 # ---------------------------------------------------------------- packed weights ------------
@@ -202,7 +197,7 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
             f"int4 matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
             f"{x.dtype} {tuple(x.shape)} on {x.device}"
         )
-    if _state.get("ok") is not True:
+    if not _kernel.loaded():
         raise RuntimeError(f"the native int4 kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     y = torch.ops.specserve.int4_gemm(
@@ -243,34 +238,18 @@ def _self_test() -> str | None:
     return None
 
 
-def _disabled() -> bool:
-    return switched_off(_ENV_SWITCH)
+_kernel = Availability("int4", _ENV_SWITCH, lambda: _load(), logger)
 
 
 def available() -> bool:
-    """Whether :func:`matmul` can run here (builds / loads the kernel on the first call).
+    """Whether :func:`matmul` can run here (builds / loads the library on the first call).
 
     False when ``SPECSERVE_INT4_NATIVE=0`` (checked on every call), or after a failed build /
     an unsupported CPU (decided once per process, the reason logged once).
     """
-    if _disabled():
-        return False
-    if "ok" not in _state:
-        with _lock:
-            if "ok" not in _state:
-                reason = _load()
-                if reason is None:
-                    build.register_fakes()
-                if reason is not None:
-                    logger.warning("native int4 kernel unavailable, falling back: %s", reason)
-                _state["reason"] = reason
-                _state["ok"] = reason is None
-    return bool(_state["ok"])
+    return _kernel.available()
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was never asked)."""
-    if _disabled():
-        return f"disabled by {_ENV_SWITCH}={os.environ.get(_ENV_SWITCH)}"
-    reason = _state.get("reason")
-    return reason if isinstance(reason, str) else None
+    return _kernel.unavailable_reason()
