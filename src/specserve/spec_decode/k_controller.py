@@ -17,8 +17,10 @@ Terms:
         is a per-draft-token time per batch size (the engine passes it); the verify cost is
         kept per total step size batch_size * (k + 1), so a large batch, where extra verify
         tokens make the forward compute bound, sees its real cost. Unmeasured sizes are
-        interpolated between measured ones, or scaled by a mild prior slope (a k + 1 token
-        forward costs about what a 1 token forward does when memory bound).
+        interpolated between measured ones; past the largest measured size, extrapolated
+        along the slope of the two largest (at least the prior's scaling); otherwise scaled by
+        a mild prior slope (a k + 1 token forward costs about what a 1 token forward does when
+        memory bound).
     rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
@@ -223,7 +225,15 @@ class KController:
             lo, hi = max(below), min(above)
             return cost[lo] + (cost[hi] - cost[lo]) * (size - lo) / (hi - lo)
         nearest = max(below) if below else min(above)
-        return cost[nearest] * _prior_verify(size) / _prior_verify(nearest)
+        scaled = cost[nearest] * _prior_verify(size) / _prior_verify(nearest)
+        if above or len(below) < 2:
+            return scaled
+        # Past the largest measured size: along the slope of the two largest ones (a CPU
+        # whose multi-row steps are compute bound costs far more than the prior slope says),
+        # never less than the prior's scaling.
+        lo = max(t for t in below if t < nearest)
+        slope = (cost[nearest] - cost[lo]) / (nearest - lo)
+        return max(scaled, cost[nearest] + slope * (size - nearest))
 
     def draft_cost(self, k: int, batch_size: int = 1) -> float:
         """Estimated propose time for k draft tokens."""

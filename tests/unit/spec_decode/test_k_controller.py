@@ -65,7 +65,8 @@ def test_verify_cost_is_kept_per_step_size() -> None:
     c.record_cost(0.0, 0, 0.5, 1, batch_size=8)  # 8 tokens
     assert c.verify_cost(1, 1) == 0.2 and c.verify_cost(1, 8) == 0.5
     assert c.verify_cost(5, 1) == pytest.approx(0.2 + 0.3 * 4 / 7)  # interpolated
-    assert c.verify_cost(4, 8) == pytest.approx(0.5 * 1.62 / 1.14)  # 32 tokens: prior slope
+    # 32 tokens: past the largest measured size, along the slope of the two measured ones
+    assert c.verify_cost(4, 8) == pytest.approx(0.5 + 0.3 / 7 * 24)
     # A large batch where verifying drafts is expensive: speculation is switched off there,
     # while the same acceptance still pays at batch 1.
     c.record_cost(0.0, 0, 1.4, 4, batch_size=8)  # 32 tokens cost 1.4 s
@@ -146,3 +147,25 @@ def test_verify_cost_never_decreases_with_step_size() -> None:
     for _ in range(30):
         c.observe("r", 2, 0)  # cheap drafts that are always wrong
     assert c.choose_k("r") == 0  # with the raw 0.20 s, k = 2 would look 19 % faster
+
+
+def test_unmeasured_large_steps_follow_the_measured_slope() -> None:
+    """A compute-bound CPU: 1 token 100 ms, 5 tokens 200 ms. A 9-token verify is estimated
+    along that slope (300 ms), not by the memory-bound prior (+2 % per token: ~215 ms), so
+    a deep draft is not chosen on a wrong cost; with one measured size the prior still
+    scales it."""
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.1, 1)
+    assert c.verify_cost(9) == pytest.approx(0.1 * 1.16)  # one size measured: prior scaling
+    c.record_cost(0.0, 4, 0.2, 5)
+    assert c.verify_cost(9) == pytest.approx(0.3)
+    assert c.verify_cost(3) == pytest.approx(0.15)  # between measured sizes: interpolated
+    # A flat measured slope (9 tokens as dear as 5: the cost never decreases with size) does
+    # not make larger steps look free: the prior's scaling is the floor.
+    c.record_cost(0.0, 0, 0.1, 1, batch_size=9)
+    assert c.verify_cost(9) == pytest.approx(0.2)
+    assert c.verify_cost(16) == pytest.approx(0.2 * _prior(16) / _prior(9))
+
+
+def _prior(tokens: int) -> float:
+    return 1.0 + 0.02 * (tokens - 1)
