@@ -12,8 +12,14 @@ alternating on the same model so that both see the same machine; medians. It als
 whether each path's T = 5 rows equal, bit for bit, what five T = 1 steps give (the condition
 for greedy speculative output to equal plain output).
 
+``--part prefill``: a 64- and a 200-token prompt of the 1.5B in bf16, prefilled on the native
+path (the fused layer ops over chunks of 16 tokens) and on the eager one, alternating; best
+of ``--rounds``. It also says whether the native prefill's last row equals, bit for bit,
+what feeding the prompt one token at a time gives.
+
     python benchmarks/bf16_kernel.py --part matmul
     python benchmarks/bf16_kernel.py --part step
+    python benchmarks/bf16_kernel.py --part prefill --rounds 3
 
 Run it alone on the machine: it measures memory bandwidth.
 """
@@ -114,17 +120,51 @@ def part_step(rounds: int) -> None:
           f"T = 5 {med[(False, 5)] / med[(True, 5)]:.2f}x ({rounds} rounds, medians)")  # fmt: skip
 
 
+def part_prefill(rounds: int) -> None:
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading import load_model
+    from specserve.models.native import fused_layer
+
+    model = load_model("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16).model
+    if not fused_layer.enable(model):
+        raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
+    print("| prompt tokens | native s | eager s | eager / native | native == one token at a time |")
+    print("|---|---|---|---|---|")
+    for n in (64, 200):
+        prompt = [(13 * i + 7) % 1000 + 100 for i in range(n)]
+        cache = SingleSequenceCache(model, 256)
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(rounds):
+            for native in (True, False):
+                (fused_layer.enable if native else fused_layer.disable)(model)
+                cache.truncate(0)
+                t0 = time.perf_counter()
+                cache.forward(prompt)
+                best[native] = min(best[native], time.perf_counter() - t0)
+        fused_layer.enable(model)
+        cache.truncate(0)
+        whole = cache.forward(prompt)[-1:]
+        cache.truncate(0)
+        for token in prompt:
+            last = cache.forward([token])
+        same = torch.equal(whole, last)
+        print(f"| {n} | {best[True]:.2f} | {best[False]:.2f} | {best[False] / best[True]:.2f} "
+              f"| {'yes' if same else 'no'} |")  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--part", choices=["matmul", "step"], required=True)
-    p.add_argument("--rounds", type=int, default=15, help="alternations of --part step")
+    p.add_argument("--part", choices=["matmul", "step", "prefill"], required=True)
+    p.add_argument("--rounds", type=int, default=15, help="alternations of --part step/prefill")
     args = p.parse_args()
     if not bf16_native.available():
         raise SystemExit(f"native bf16 kernel unavailable: {bf16_native.unavailable_reason()}")
     if args.part == "matmul":
         part_matmul()
+    elif args.part == "prefill":
+        part_prefill(args.rounds)
     else:
         part_step(args.rounds)
     return 0

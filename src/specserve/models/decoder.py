@@ -52,6 +52,12 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     context_slots: torch.Tensor
 
+    def rows(self, start: int, stop: int) -> AttentionMetadata:
+        """The query tokens ``[start, stop)`` of every sequence, with the same context."""
+        return AttentionMetadata(
+            self.positions[:, start:stop], self.slot_mapping[:, start:stop], self.context_slots
+        )
+
     def attention_mask(self) -> torch.Tensor:
         """Boolean ``# [B, 1, T, S]`` mask: key j is visible to a query at position p iff j <= p."""
         s = self.context_slots.shape[1]
@@ -292,7 +298,8 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # Short forwards run all layers through this runner when one is installed
+        # Every forward runs all layers through this runner when one is installed (a prompt
+        # in chunks of SHORT_FORWARD_ROWS tokens)
         # (models/native/fused_layer.py: enable installs one native op per layer).
         self.layer_runner: LayerRunner | None = None
         # compute_logits runs through this when one is installed (fused_layer.py: the native
@@ -303,7 +310,7 @@ class DecoderLM(nn.Module):
 
     @property
     def fused_layers(self) -> bool:
-        """Whether short forwards run through a layer runner (see :attr:`layer_runner`)."""
+        """Whether forwards run through a layer runner (see :attr:`layer_runner`)."""
         return self.layer_runner is not None
 
     @property
@@ -322,8 +329,8 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Run the decoder over a padded batch, writing its K/V into ``kv``.
 
-        With a :attr:`layer_runner` installed (models/native/fused_layer.py), forwards of at
-        most ``SHORT_FORWARD_ROWS`` tokens per sequence run the layers through it.
+        With a :attr:`layer_runner` installed (models/native/fused_layer.py), every forward
+        runs the layers through it, a prompt in chunks of ``SHORT_FORWARD_ROWS`` tokens.
 
         Args:
             input_ids: ``# [B, T]`` token ids (padding: any valid id).
@@ -335,8 +342,20 @@ class DecoderLM(nn.Module):
         assert input_ids.shape == meta.positions.shape == meta.slot_mapping.shape
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
-        if self.layer_runner is not None and input_ids.shape[1] <= SHORT_FORWARD_ROWS:
-            return self.model.norm(self.layer_runner(self, x, cos, sin, meta, kv))
+        if self.layer_runner is not None:
+            # A longer forward (a prompt) runs through the runner in chunks of
+            # SHORT_FORWARD_ROWS tokens, each chunk attending to the cache the earlier ones
+            # wrote: the runner's rows do not depend on how they are grouped, so every prompt
+            # row gets, bit for bit, what a decode or verify step would give it.
+            t, n = input_ids.shape[1], SHORT_FORWARD_ROWS
+            chunks = [
+                self.layer_runner(
+                    self, x[:, s : s + n], cos[:, s : s + n], sin[:, s : s + n],
+                    meta.rows(s, s + n), kv,
+                )
+                for s in range(0, t, n)
+            ]  # fmt: skip
+            return self.model.norm(chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1))
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # once here, not twice in every layer
         mask = meta.attention_mask()
         for layer in self.model.layers:

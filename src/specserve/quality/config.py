@@ -63,6 +63,15 @@ class QualityConfig(BaseModel):
     humaneval: HumanEvalConfig | None = Field(default_factory=HumanEvalConfig)
     exact: ExactConfig | None = Field(default_factory=ExactConfig)
     request_timeout_s: float = Field(default=600.0, gt=0, description="Per-request timeout.")
+    concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Items an arm is asked at once (one arm at a time; answers do not depend "
+        "on it on a batch-invariant server, so it only trades time). Keep it below the "
+        "speculative server's speculative-disable-by-batch-size, or the check does not "
+        "exercise speculation.",
+    )
 
     @model_validator(mode="after")
     def _some_task(self) -> QualityConfig:

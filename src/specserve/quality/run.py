@@ -1,12 +1,15 @@
-"""Run the quality tasks on two arms: the same items to both, one at a time, arms in ABBA
-order (item 0 asks the first arm first, item 1 the second, ...), every answer scored as it
+"""Run the quality tasks on two arms: the same items to both, in windows of ``concurrency``
+items that one arm answers at once (concurrent requests) before the other arm gets the same
+window, the arms in ABBA order over windows (window 0 asks the first arm first, window 1 the
+second, ...) so that the two servers never compete for the machine; every answer scored as it
 arrives; then pass@1 per arm with its CI and the paired difference."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -68,19 +71,28 @@ def run_quality(
     tasks = build_tasks(cfg)
     sandbox = isolation_description(_limits(cfg)) if cfg.humaneval is not None else {}
     results = []
-    with httpx.Client(timeout=cfg.request_timeout_s) as client:
+    width = cfg.concurrency
+    with (
+        httpx.Client(timeout=cfg.request_timeout_s) as client,
+        ThreadPoolExecutor(max_workers=width, thread_name_prefix="quality") as pool,
+    ):
         for task in tasks:
             records = []
-            for i, item in enumerate(task.items):
-                order = (first, second) if i % 2 == 0 else (second, first)
-                answers = {arm: _answer(task, item, ask(client, arms[arm], item)) for arm in order}
-                records.append(_record(item, {arm: answers[arm] for arm in names}))
-                verdicts = ", ".join(
-                    f"{arm} {'passed' if answers[arm].passed else 'failed'}" for arm in names
-                )
-                on_status(
-                    f"quality {task.name} {i + 1}/{len(task.items)} {item.item_id}: {verdicts}"
-                )
+            items = task.items
+            for w, start in enumerate(range(0, len(items), width)):
+                window = items[start : start + width]
+                order = (first, second) if w % 2 == 0 else (second, first)
+                answers = {arm: _ask_window(pool, client, arms[arm], task, window) for arm in order}
+                for j, item in enumerate(window):
+                    got = {arm: answers[arm][j] for arm in names}
+                    records.append(_record(item, got))
+                    verdicts = ", ".join(
+                        f"{arm} {'passed' if got[arm].passed else 'failed'}" for arm in names
+                    )
+                    on_status(
+                        f"quality {task.name} {start + j + 1}/{len(items)} {item.item_id}: "
+                        f"{verdicts}"
+                    )
             results.append(_task_result(task, (first, second), records))
     return QualityReport(
         arm_names=(first, second),
@@ -88,6 +100,17 @@ def run_quality(
         sandbox=sandbox,
         seconds=time.perf_counter() - start,
     )
+
+
+def _ask_window(
+    pool: ThreadPoolExecutor,
+    client: httpx.Client,
+    arm: ArmEndpoint,
+    task: Task,
+    window: Sequence[Item],
+) -> list[ArmAnswer]:
+    """One arm's scored answers to ``window``, its requests in flight together."""
+    return list(pool.map(lambda item: _answer(task, item, ask(client, arm, item)), window))
 
 
 def _answer(task: Task, item: Item, answer: Answer) -> ArmAnswer:
