@@ -265,6 +265,13 @@ class ExperimentConfig(BaseModel):
             raise ValueError("give either 'servers' (start ours) or 'endpoints', not both")
         if self.servers is None and self.endpoints is None:
             object.__setattr__(self, "servers", ServersConfig())
+        limit = self.servers.disable_by_batch_size if self.servers is not None else None
+        if self.quality is not None and limit is not None and self.quality.concurrency >= limit:
+            raise ValueError(
+                f"quality.concurrency ({self.quality.concurrency}) must be below "
+                f"servers.disable_by_batch_size ({limit}): at that batch size the speculative "
+                "server stops drafting, so the quality check would not test speculation"
+            )
         return self
 
     def pricing(self) -> Pricing | None:

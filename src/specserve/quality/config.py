@@ -68,9 +68,8 @@ class QualityConfig(BaseModel):
         ge=1,
         le=64,
         description="Items an arm is asked at once (one arm at a time; answers do not depend "
-        "on it on a batch-invariant server, so it only trades time). Keep it below the "
-        "speculative server's speculative-disable-by-batch-size, or the check does not "
-        "exercise speculation.",
+        "on it on a batch-invariant server, so it only trades time). The experiment requires it "
+        "below the speculative server's disable_by_batch_size, where drafting stops.",
     )
 
     @model_validator(mode="after")

@@ -94,6 +94,10 @@ benchmark: {concurrency: [4], max_tokens: 600}
         ("cost: {instance: local, price_per_hour: 1}", "not both"),
         ("cost: {}", "give instance or price_per_hour"),
         ("cost: {instance: local, watts: 90}", "both watts and price per kWh"),
+        (
+            "servers: {disable_by_batch_size: 2}\nquality: {concurrency: 2}",
+            "quality.concurrency (2) must be below servers.disable_by_batch_size (2)",
+        ),
         ("- just\n- a list", "expected a mapping"),
         ("servers: [unclosed", "YAML"),
     ],
