@@ -41,6 +41,7 @@ def test_sweep_example_runs_four_rates_on_both_suites() -> None:
     assert all(load.kind == "rate" and load.arrival == "poisson" for _, load in points)
     # sized for <= 20 min on 2 cores (docs/experiment.md, "Sweeps")
     assert (b.num_requests, b.warmup_requests, b.max_tokens) == (8, 1, 32)
+    assert cfg.quality is None  # the curve only: the quality check is the main job's
     pricing = cfg.pricing()
     assert pricing is not None and pricing.instance == "local" and pricing.hourly_usd == 0.0
 
