@@ -12,7 +12,13 @@ from typing import Literal, get_args
 DType = Literal["float32", "bfloat16", "float16"]
 WeightFormat = Literal["fp32", "bf16", "int8", "int4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
-SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid"]
+SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid", "eagle", "medusa"]
+SPEC_METHODS: tuple[SpecMethod, ...] = (
+    "none", "ngram", "suffix", "draft", "hybrid", "eagle", "medusa",
+)  # fmt: skip
+# Methods that draft with a trained head over the target's hidden states (``draft_model`` is
+# the head's directory or name).
+HEAD_METHODS: tuple[SpecMethod, ...] = ("eagle", "medusa")
 
 
 QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4")
@@ -132,9 +138,12 @@ class SpecConfig:
 
     Attributes:
         method: ``none`` (plain decoding), ``draft`` (small model), ``ngram`` (prompt lookup)
-            ``suffix`` (suffix matching over prompt and earlier outputs) or ``hybrid`` (suffix
-            drafts when confident, the draft model otherwise).
-        draft_model: the draft's catalog name or path (methods ``draft`` and ``hybrid``).
+            ``suffix`` (suffix matching over prompt and earlier outputs), ``hybrid`` (suffix
+            drafts when confident, the draft model otherwise), ``eagle`` (an EAGLE-3 head over
+            the target's hidden states) or ``medusa`` (Medusa heads over its last hidden
+            state).
+        draft_model: the draft's catalog name or path (methods ``draft`` and ``hybrid``), or
+            the head's directory or name (methods ``eagle`` and ``medusa``).
         num_speculative_tokens: fixed k; None lets the k controller choose per request.
         k_max: upper bound for the adaptive controller.
         ngram_min: shortest n-gram the prompt-lookup proposer matches.
@@ -158,11 +167,16 @@ class SpecConfig:
     disable_by_batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.method not in ("none", "draft", "ngram", "suffix", "hybrid"):
+        if self.method not in SPEC_METHODS:
             raise ValueError(f"unknown speculative method {self.method!r}")
         if self.uses_draft_model and not self.draft_model:
             raise ValueError(f"speculative method {self.method!r} needs draft_model")
-        if not self.uses_draft_model and self.draft_model:
+        if self.uses_head and not self.draft_model:
+            raise ValueError(
+                f"speculative method {self.method!r} needs a trained head (draft_model: its "
+                "directory or name; `specserve train-draft` makes one)"
+            )
+        if not (self.uses_draft_model or self.uses_head) and self.draft_model:
             raise ValueError(f"draft_model given but method is {self.method!r}")
         if self.draft_num_layers is not None and (
             not self.uses_draft_model or self.draft_num_layers < 1
@@ -191,7 +205,13 @@ class SpecConfig:
 
     @property
     def uses_draft_model(self) -> bool:
+        """Whether a second decoder drafts (``draft_model`` is a model)."""
         return self.method in ("draft", "hybrid")
+
+    @property
+    def uses_head(self) -> bool:
+        """Whether a trained head drafts (``draft_model`` is a head directory or name)."""
+        return self.method in HEAD_METHODS
 
     @property
     def enabled(self) -> bool:

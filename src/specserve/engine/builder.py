@@ -11,8 +11,16 @@ from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.dtypes import torch_dtype
 from specserve.engine.llm_engine import LLMEngine
 from specserve.loading.quant_cache import load_in_format
+from specserve.loading.spec_heads import (
+    HeadMismatchError,
+    load_eagle3,
+    load_medusa,
+    read_head_info,
+    resolve_head,
+)
 from specserve.models.decoder import DecoderLM
 from specserve.models.layer_drop import keep_first_layers
+from specserve.models.medusa import MedusaHeads
 from specserve.models.native import fused_layer
 from specserve.spec_decode.draft_model import check_vocab_compatible
 from specserve.spec_decode.factory import make_proposer
@@ -20,6 +28,25 @@ from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import Proposer
 
 logger = logging.getLogger(__name__)
+
+
+def load_head(method: str, spec: str, target: DecoderLM, device: str) -> torch.nn.Module:
+    """The trained head ``spec`` (a directory or a trained head's name) for ``method``, in the
+    target's compute dtype, checked against the target.
+
+    Raises:
+        ModelNotFoundError: no such head, or a file of it is missing.
+        CorruptModelError: unreadable config or tensors.
+        HeadMismatchError: trained for another target; or a head of the other method.
+    """
+    info = read_head_info(resolve_head(spec))
+    if info.method != method:
+        raise HeadMismatchError(
+            f"draft head {info.path} is a {info.method} head; --spec-method is {method}"
+        )
+    if method == "eagle":
+        return load_eagle3(info, target.cfg, target.dtype, device)
+    return load_medusa(info, target.cfg, target.dtype, device)
 
 
 def build_spec(
@@ -30,16 +57,22 @@ def build_spec(
     scheduler: SchedulerConfig | None = None,
     max_model_len: int = 4096,
     block_size: int = 16,
+    head: torch.nn.Module | None = None,
+    head_name: str = "",
 ) -> tuple[Proposer | None, KController | None]:
     """The proposer and k controller for ``spec`` (both None when speculation is off).
 
     Raises:
-        ValueError: a draft-model method without a draft model.
+        ValueError: a draft-model method without a draft model, a head method without its
+            head.
     """
     if not spec.enabled:
         return None, None
     fixed_k = spec.num_speculative_tokens
     k_max = max(spec.k_max, fixed_k or 0)
+    if isinstance(head, MedusaHeads):  # one head per draft position: k never exceeds them
+        k_max = min(k_max, head.cfg.num_heads)
+        fixed_k = None if fixed_k is None else min(fixed_k, k_max)
     controller = KController(k_max, fixed_k=fixed_k)
     proposer = make_proposer(
         spec.method,
@@ -50,6 +83,9 @@ def build_spec(
         ngram_max=spec.ngram_max,
         max_num_seqs=(scheduler or SchedulerConfig()).max_num_seqs,
         block_size=block_size,
+        target=target,
+        head=head,
+        head_name=head_name,
     )
     return proposer, controller
 
@@ -60,8 +96,11 @@ def build_engine_from_models(
     tokenizer: object = None,
     draft: DecoderLM | None = None,
     model_name: str | None = None,
+    head: torch.nn.Module | None = None,
+    head_name: str = "",
 ) -> LLMEngine:
-    """An engine over already-built models (tests, benchmarks)."""
+    """An engine over already-built models (tests, benchmarks); ``head``: a loaded EAGLE-3
+    or Medusa head for those methods."""
     limit = min(config.model.max_model_len or 1 << 62, target.cfg.max_position_embeddings)
     proposer, controller = build_spec(
         config.spec,
@@ -70,6 +109,8 @@ def build_engine_from_models(
         scheduler=config.scheduler,
         max_model_len=limit,
         block_size=config.cache.block_size,
+        head=head,
+        head_name=head_name,
     )
     torch.manual_seed(config.seed)
     eos = getattr(tokenizer, "eos_token_ids", None)
@@ -105,7 +146,14 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         draft = draft_lm.model
         if config.spec.draft_num_layers is not None:
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
-    engine = build_engine_from_models(config, target.model, target.tokenizer, draft, target.name)
+    head, head_name = None, ""
+    if config.spec.uses_head and config.spec.enabled:
+        assert config.spec.draft_model is not None
+        head = load_head(config.spec.method, config.spec.draft_model, target.model, device)
+        head_name = config.spec.draft_model
+    engine = build_engine_from_models(
+        config, target.model, target.tokenizer, draft, target.name, head, head_name
+    )
     formats = {"target": config.model.weights, "draft": config.spec.draft_weights}
     for role, model in (("target", target.model), ("draft", draft)):
         if model is None:

@@ -45,9 +45,24 @@ from specserve.sampling.sampler import make_generator
 from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
-from specserve.spec_decode.proposer import CATCH_UP_STEADY, Proposal, ProposeInput, Proposer
+from specserve.spec_decode.proposer import (
+    CATCH_UP_STEADY,
+    HiddenStateProposer,
+    Proposal,
+    ProposeInput,
+    Proposer,
+)
 
 logger = logging.getLogger(__name__)
+
+
+def _recorded_hidden(req: Request) -> torch.Tensor | None:
+    """A finished request's recorded hidden states of positions ``0 ..`` (None if the
+    record does not start at 0, e.g. after a prefix-cache hit skipped its prompt's forward)."""
+    start, hidden = req.take_hidden()
+    if start != 0 or hidden is None:
+        return None
+    return hidden[: req.num_tokens - 1]
 
 
 class LLMEngine:
@@ -88,6 +103,12 @@ class LLMEngine:
         # How the models run (EngineStats.model_info); set by the builder.
         self.model_info: dict[str, str] = {}
         self.proposer = proposer if self.spec.enabled else None
+        # A proposer drafting from the target's hidden states (EAGLE, Medusa): every target
+        # forward records them, and _commit buffers the committed rows on their requests.
+        self.hidden_proposer = isinstance(self.proposer, HiddenStateProposer)
+        if isinstance(self.proposer, HiddenStateProposer):
+            model.capture_layers = tuple(self.proposer.target_hidden_layers)
+        self.recording_hidden = False
         self.k_controller = k_controller if self.spec.enabled else None
         k_max = self.spec.num_speculative_tokens or self.spec.k_max if self.spec.enabled else 0
         num_blocks = num_blocks_for(cache, model.cfg, model.dtype)
@@ -185,6 +206,25 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def record_hidden(self, layers: Sequence[int]) -> None:
+        """Record the target's hidden states ``layers`` (Hugging Face ``hidden_states``
+        numbering) of every committed position and hand each finished request's on its last
+        output (``RequestOutput.hidden_states``): what training a draft head on the target's
+        own generations needs, taken from the forwards that generate them (no second pass).
+
+        Raises:
+            ValueError: a proposer already captures other hidden states.
+        """
+        layers = tuple(layers)
+        if self.hidden_proposer and layers != self.model.capture_layers:
+            raise ValueError(
+                f"the proposer captures hidden states {self.model.capture_layers}, not {layers}"
+            )
+        if not layers:
+            raise ValueError("record_hidden needs at least one hidden state")
+        self.model.capture_layers = layers
+        self.recording_hidden = True
+
     def add_step_listener(self, listener: Callable[[StepStats], None]) -> None:
         """Call ``listener`` with each step's :class:`StepStats` (from the stepping thread)."""
         self._step_listeners.append(listener)
@@ -234,6 +274,7 @@ class LLMEngine:
                 stats.k_chosen.append(sr.num_lookahead)
                 if sr.num_lookahead > 0:
                     req = sr.request
+                    start, hidden = req.take_hidden() if self.hidden_proposer else (0, None)
                     inputs.append(
                         ProposeInput(
                             req.request_id,
@@ -241,6 +282,8 @@ class LLMEngine:
                             sr.num_lookahead,
                             req.params,
                             req.generator,
+                            hidden_states=hidden,
+                            hidden_start=start,
                         )
                     )
                     where.append(i)
@@ -315,9 +358,14 @@ class LLMEngine:
         stats: StepStats,
     ) -> list[RequestOutput]:
         outputs = []
+        keep = self.hidden_proposer or self.recording_hidden
+        hidden = self.runner.last_hidden if keep else []
         for i, sr in enumerate(scheduled):
             req = sr.request
             stats.num_scheduled_tokens += sr.num_new_tokens
+            if hidden:  # the rows of the positions whose K/V this step makes final
+                num_final = sr.num_new_tokens + (len(sampled[i][0]) - 1 if i in sampled else 0)
+                req.keep_hidden(req.num_computed_tokens, hidden[i][:num_final])
             if i not in sampled:  # a prefill chunk short of the end: nothing to sample
                 req.num_computed_tokens += sr.num_new_tokens
                 self.kv.commit(req.request_id, req.token_ids, req.num_computed_tokens)
@@ -356,6 +404,8 @@ class LLMEngine:
                 self._finish(req, reason)
             delta = req.detokenizer.take_delta(reason is not None) if req.detokenizer else ""
             out = self._output(req, kept, delta)
+            if reason is not None and self.recording_hidden:
+                out.hidden_states = _recorded_hidden(req)
             if logprobs is not None:
                 out.logprobs = logprobs[: len(kept)]
             if req.prompt_logprobs is not None and req.num_output_tokens == len(kept):

@@ -58,6 +58,10 @@ class ModelRunner:
         self.kv = kv
         self.block_size = kv.block_size
         self.device = model.device
+        # With ``model.capture_layers`` set (a proposer that drafts from the target's hidden
+        # states): after execute, the captured hidden states of every token of each row, in
+        # row order, ``# [len(token_ids), num_captured * hidden]`` each.
+        self.last_hidden: list[torch.Tensor] = []
 
     def _metadata(self, rows: Sequence[ForwardRow]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Padded ``input_ids # [B, T]`` and metadata; padding goes to scratch slot 0."""
@@ -86,10 +90,16 @@ class ModelRunner:
         )
         return ids.to(dev, non_blocking=True), meta
 
-    def _forward(self, rows: Sequence[ForwardRow]) -> list[torch.Tensor]:
-        """Run one padded forward; the logits ``# [num_logit_rows_i, V]`` of each row."""
+    def _forward(self, rows: Sequence[ForwardRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run one padded forward; the logits ``# [num_logit_rows_i, V]`` of each row, and its
+        captured hidden states (see :attr:`last_hidden`; empty without capture)."""
         ids, meta = self._metadata(rows)
-        hidden = self.model(ids, meta, self.kv)  # [B, T, hidden]
+        captured: list[torch.Tensor] = []
+        if self.model.capture_layers:
+            hidden, aux = self.model.forward_with_hidden(ids, meta, self.kv)
+            captured = [aux[i, : len(r.token_ids)] for i, r in enumerate(rows)]
+        else:
+            hidden = self.model(ids, meta, self.kv)  # [B, T, hidden]
         t = ids.shape[1]
         flat_index = [
             i * t + j
@@ -97,10 +107,10 @@ class ModelRunner:
             for j in range(len(r.token_ids) - r.num_logit_rows, len(r.token_ids))
         ]
         if not flat_index:
-            return [hidden.new_empty((0, self.model.cfg.vocab_size)) for _ in rows]
+            return [hidden.new_empty((0, self.model.cfg.vocab_size)) for _ in rows], captured
         index = torch.tensor(flat_index, device=self.device)
         logits = self.model.compute_logits(hidden.flatten(0, 1).index_select(0, index))
-        return list(logits.split([r.num_logit_rows for r in rows]))
+        return list(logits.split([r.num_logit_rows for r in rows])), captured
 
     @torch.inference_mode()
     def execute(self, rows: Sequence[ForwardRow]) -> torch.Tensor:
@@ -111,9 +121,14 @@ class ModelRunner:
         decode_idx = [i for i, d in enumerate(is_decode) if d]
         prefill_idx = [i for i, d in enumerate(is_decode) if not d]
         per_row: list[torch.Tensor | None] = [None] * len(rows)
+        hidden_rows: list[torch.Tensor | None] = [None] * len(rows)
         for group in (decode_idx, prefill_idx):
             if group:
-                for i, lg in zip(group, self._forward([rows[i] for i in group]), strict=True):
+                logits, captured = self._forward([rows[i] for i in group])
+                for i, lg in zip(group, logits, strict=True):
                     per_row[i] = lg
+                for i, h in zip(group, captured, strict=False):
+                    hidden_rows[i] = h
+        self.last_hidden = [h for h in hidden_rows if h is not None]
         parts = [lg for lg in per_row if lg is not None]
         return torch.cat(parts) if len(parts) > 1 else parts[0]

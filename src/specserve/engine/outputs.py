@@ -8,6 +8,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import torch
+
 from specserve.sampling.logprobs import TokenLogprob
 from specserve.spec_decode.stats import SpecDecodingStats
 
@@ -52,6 +54,10 @@ class RequestOutput:
             None (``sampling/logprobs.py`` says which distribution).
         prompt_logprobs: on the request's first output with tokens, when it asked for prompt
             logprobs: one entry per prompt token, None for the first (nothing scores it).
+        hidden_states: on a finished request's last output, when the engine records hidden
+            states (:meth:`LLMEngine.record_hidden`): ``# [n, features]`` the target's
+            captured hidden states of positions ``0 .. n - 1`` (every committed token but the
+            last, which no forward ran), as the forwards computed them.
     """
 
     request_id: str
@@ -67,6 +73,7 @@ class RequestOutput:
     num_preemptions: int = 0
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    hidden_states: torch.Tensor | None = None
 
 
 @dataclass

@@ -48,6 +48,9 @@ class Request:
         first_token_time: ``perf_counter()`` when its first output token was committed.
         prompt_logprobs: when ``params.prompt_logprobs`` is set, the logprobs of the prompt
             tokens gathered so far (the first prompt token's entry is None).
+        hidden_start / hidden_parts: for a proposer that drafts from the target's hidden
+            states (EAGLE, Medusa): the target's captured hidden states of committed
+            positions ``hidden_start ..`` not yet handed to the proposer, in order.
     """
 
     request_id: str
@@ -65,6 +68,8 @@ class Request:
     detokenizer: IncrementalDetokenizer | None = None
     first_token_time: float | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    hidden_start: int = 0
+    hidden_parts: list[torch.Tensor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -75,6 +80,24 @@ class Request:
             self.token_ids = list(self.prompt_token_ids)
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
+
+    def keep_hidden(self, start: int, hidden: torch.Tensor) -> None:
+        """Buffer the target's hidden states of committed positions ``start ..``; a gap (after
+        a preemption or a prefix-cache hit) starts the buffer afresh at ``start``."""
+        if start != self.hidden_start + sum(len(h) for h in self.hidden_parts):
+            self.hidden_parts, self.hidden_start = [], start
+        if len(hidden):
+            self.hidden_parts.append(hidden)
+
+    def take_hidden(self) -> tuple[int, torch.Tensor | None]:
+        """The buffered hidden states and the position of their first row; empties the
+        buffer (the next ones start where these end)."""
+        start, parts = self.hidden_start, self.hidden_parts
+        if not parts:
+            return start, None
+        self.hidden_parts = []
+        self.hidden_start = start + sum(len(h) for h in parts)
+        return start, parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @property
     def wants_prompt_logits(self) -> bool:

@@ -25,6 +25,7 @@ class SingleSequenceCache:
         # Slot of position p is block_size + p: block 0 is the scratch block.
         self._base = block_size
         self.num_tokens = 0
+        self.last_captured: torch.Tensor | None = None
 
     @property
     def arch(self) -> ArchConfig:
@@ -44,10 +45,16 @@ class SingleSequenceCache:
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
-        """Append tokens and return their final hidden states ``# [T, hidden]``."""
+        """Append tokens and return their final hidden states ``# [T, hidden]``. With the
+        model's ``capture_layers`` set, the captured hidden states of these tokens are left in
+        :attr:`last_captured` (``# [T, features]``)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.model.device).view(1, -1)
         meta = self.metadata(ids.shape[1])
-        hidden = self.model(ids, meta, self.kv)
+        if self.model.capture_layers:
+            hidden, captured = self.model.forward_with_hidden(ids, meta, self.kv)
+            self.last_captured = captured[0]
+        else:
+            hidden, self.last_captured = self.model(ids, meta, self.kv), None
         self.num_tokens += ids.shape[1]
         return hidden[0]
 

@@ -28,9 +28,19 @@ from specserve.models.cache_tensors import KVCacheTensors
 SHORT_FORWARD_ROWS = 16
 
 # Runs every decoder layer of a short forward (see DecoderLM.layer_runner):
-# (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv) -> hidden before the norm.
+# (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv, captured) -> hidden
+# before the norm; the residual stream entering each layer in ``model.capture_layers`` is
+# appended to ``captured`` (a list, or None when nothing is captured).
 LayerRunner = Callable[
-    ["DecoderLM", torch.Tensor, torch.Tensor, torch.Tensor, "AttentionMetadata", KVCacheTensors],
+    [
+        "DecoderLM",
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        "AttentionMetadata",
+        KVCacheTensors,
+        "list[torch.Tensor] | None",
+    ],
     torch.Tensor,
 ]
 # Computes the logits (see DecoderLM.logits_runner): (model, hidden # [..., hidden]) -> fp32.
@@ -305,6 +315,11 @@ class DecoderLM(nn.Module):
         # compute_logits runs through this when one is installed (fused_layer.py: the native
         # bf16 LM head).
         self.logits_runner: LogitsRunner | None = None
+        # Hidden states recorded by every forward for a proposer that drafts from them
+        # (EAGLE, Medusa): indices in Hugging Face's ``hidden_states`` numbering, index i <
+        # num_layers the residual stream entering layer i, index num_layers the final normed
+        # output. Empty: nothing is recorded (see forward_with_hidden).
+        self.capture_layers: tuple[int, ...] = ()
         # An inference engine: no parameter ever needs a gradient.
         self.requires_grad_(False)
 
@@ -339,7 +354,32 @@ class DecoderLM(nn.Module):
         Returns:
             final hidden states ``# [B, T, hidden_size]``.
         """
+        return self._run(input_ids, meta, kv, None)
+
+    def forward_with_hidden(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCacheTensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, also returning the hidden states named by :attr:`capture_layers`
+        side by side: ``# [B, T, len(capture_layers) * hidden_size]``, in the order of
+        ``capture_layers``. The same forward, nothing run twice."""
+        if not self.capture_layers:
+            raise ValueError("forward_with_hidden needs capture_layers")
+        captured: list[torch.Tensor] = []
+        hidden = self._run(input_ids, meta, kv, captured)
+        return hidden, torch.cat(captured, dim=-1) if len(captured) > 1 else captured[0]
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVCacheTensors,
+        captured: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
         assert input_ids.shape == meta.positions.shape == meta.slot_mapping.shape
+        n_layers = self.cfg.num_layers
+        inner = (
+            None if captured is None else sorted({i for i in self.capture_layers if i < n_layers})
+        )
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
         if self.layer_runner is not None:
@@ -348,19 +388,35 @@ class DecoderLM(nn.Module):
             # wrote: the runner's rows do not depend on how they are grouped, so every prompt
             # row gets, bit for bit, what a decode or verify step would give it.
             t, n = input_ids.shape[1], SHORT_FORWARD_ROWS
-            chunks = [
-                self.layer_runner(
-                    self, x[:, s : s + n], cos[:, s : s + n], sin[:, s : s + n],
-                    meta.rows(s, s + n), kv,
-                )
-                for s in range(0, t, n)
-            ]  # fmt: skip
-            return self.model.norm(chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1))
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # once here, not twice in every layer
-        mask = meta.attention_mask()
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, meta, mask, kv)
-        return self.model.norm(x)
+            chunks, per_chunk = [], []
+            for s in range(0, t, n):
+                got: list[torch.Tensor] | None = [] if inner else None
+                chunks.append(
+                    self.layer_runner(
+                        self, x[:, s : s + n], cos[:, s : s + n], sin[:, s : s + n],
+                        meta.rows(s, s + n), kv, got,
+                    )
+                )  # fmt: skip
+                per_chunk.append(got or [])
+            out = self.model.norm(chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1))
+            layer_states = [
+                parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+                for parts in zip(*per_chunk, strict=True)
+            ]
+        else:
+            cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # once, not twice in every layer
+            mask = meta.attention_mask()
+            layer_states = []
+            for i, layer in enumerate(self.model.layers):
+                if inner and i in inner:
+                    layer_states.append(x)
+                x = layer(x, cos, sin, meta, mask, kv)
+            out = self.model.norm(x)
+        if captured is not None:
+            by_index = dict(zip(inner or [], layer_states, strict=True))
+            by_index[n_layers] = out
+            captured.extend(by_index[i] for i in self.capture_layers)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden # [..., hidden_size]`` -> logits ``# [..., vocab_size]`` in fp32."""

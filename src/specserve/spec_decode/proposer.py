@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -28,6 +28,12 @@ class ProposeInput:
         num_draft_tokens: k for this step (>= 1).
         params: the request's sampling parameters (the draft applies the same processing).
         generator: the request's seeded generator, or None for the global one.
+        hidden_states: for a proposer that drafts from the target's hidden states (one with
+            ``target_hidden_layers``, see :class:`HiddenStateProposer`): ``# [n, features]``
+            the target's captured hidden states of committed positions ``hidden_start ..
+            hidden_start + n - 1`` not shown before (None: none new). Each row comes from a
+            target forward the engine ran anyway (prefill or verify), never from an extra one.
+        hidden_start: the position of ``hidden_states``' first row.
     """
 
     request_id: str
@@ -35,6 +41,8 @@ class ProposeInput:
     num_draft_tokens: int
     params: SamplingParams
     generator: torch.Generator | None = None
+    hidden_states: torch.Tensor | None = None
+    hidden_start: int = 0
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
@@ -84,3 +92,17 @@ class Proposer(Protocol):
     def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]: ...
 
     def release(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class HiddenStateProposer(Proposer, Protocol):
+    """A proposer that drafts from the target's own hidden states (EAGLE, Medusa).
+
+    ``target_hidden_layers`` names the hidden states it needs, in Hugging Face's
+    ``hidden_states`` numbering (index i < num_layers: the residual stream entering layer i;
+    index num_layers: the final normed output). The engine sets the target's
+    ``capture_layers`` to it, buffers the captured rows of committed positions per request and
+    hands them over in :attr:`ProposeInput.hidden_states`.
+    """
+
+    target_hidden_layers: tuple[int, ...]

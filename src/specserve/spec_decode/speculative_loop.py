@@ -24,7 +24,7 @@ from specserve.sampling.stop import check_new_tokens, find_stop_string
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.plain_loop import GenerationResult, generation_budget
-from specserve.spec_decode.proposer import ProposeInput, Proposer
+from specserve.spec_decode.proposer import HiddenStateProposer, ProposeInput, Proposer
 from specserve.spec_decode.rejection_sampler import rejection_sample
 from specserve.spec_decode.stats import SpecDecodingStats
 
@@ -107,8 +107,15 @@ def generate_speculative(
     result = SpecGenerationResult([], "length", len(prompt_ids), 0.0, 0.0)
     out = result.token_ids
 
+    # A proposer drafting from the target's hidden states gets the rows of every committed
+    # position from the forwards below (prefill, then each verify), never from an extra one.
+    wants_hidden = isinstance(proposer, HiddenStateProposer) and k != 0
+    saved_capture = target.capture_layers
+    if isinstance(proposer, HiddenStateProposer) and wants_hidden:
+        target.capture_layers = tuple(proposer.target_hidden_layers)
     t0 = time.perf_counter()
     hidden = cache.forward(prompt_ids)  # [P, hidden]
+    pending = (0, cache.last_captured)  # (first position, rows) not yet shown to the proposer
     new_tokens = [next_token(target.compute_logits(hidden[-1]), params, gen)]
     prefill = getattr(proposer, "prefill", None)  # optional: a draft model's own prefill
     if prefill is not None and k != 0:
@@ -133,9 +140,12 @@ def generate_speculative(
             # k drafts + 1 bonus token must fit the remaining budget.
             num_k = min(num_k, budget - len(out) - 1)
             step = speculative_step(
-                target, proposer, cache, [*prompt_ids, *out], params, gen, num_k, request_id
-            )
+                target, proposer, cache, [*prompt_ids, *out], params, gen, num_k, request_id,
+                hidden=pending if num_k > 0 else None,
+            )  # fmt: skip
             new_tokens = step.new_tokens
+            if wants_hidden:
+                pending = _pending_hidden(pending, num_k > 0, cache.last_captured, new_tokens)
             result.k_history.append(num_k)
             result.num_target_forwards += 1
             result.draft_s += step.draft_s
@@ -145,6 +155,7 @@ def generate_speculative(
                 k.observe(request_id, step.num_draft_tokens, len(new_tokens) - 1)
                 k.record_cost(step.draft_s, num_k, step.verify_s, step.num_draft_tokens + 1)
     finally:
+        target.capture_layers = saved_capture
         proposer.release(request_id)
         if isinstance(k, KController):
             k.release(request_id)
@@ -152,6 +163,23 @@ def generate_speculative(
     if detokenize is not None and result.text is None:
         result.text = detokenize(out)
     return result
+
+
+def _pending_hidden(
+    pending: tuple[int, torch.Tensor | None],
+    shown: bool,
+    captured: torch.Tensor | None,
+    new_tokens: list[int],
+) -> tuple[int, torch.Tensor | None]:
+    """The hidden-state rows still to show the proposer after a step: the step's verify
+    forward made positions final for the last committed token and the accepted drafts
+    (``len(new_tokens)`` rows); rows already shown (``shown``) are dropped."""
+    start, rows = pending
+    assert captured is not None
+    kept = captured[: len(new_tokens)]
+    if shown or rows is None:
+        return (start + (len(rows) if rows is not None else 0), kept)
+    return (start, torch.cat((rows, kept)))
 
 
 @dataclass(frozen=True)
@@ -180,23 +208,30 @@ def speculative_step(
     gen: torch.Generator | None,
     num_k: int,
     request_id: str,
+    hidden: tuple[int, torch.Tensor | None] | None = None,
 ) -> StepOutcome:
     """Draft ``num_k`` tokens after ``committed``, verify them in one target forward and
     roll the target cache back over the rejected ones.
 
     The cache holds every committed token but the last (``committed[-1]`` is fed now).
+    ``hidden``: for a proposer drafting from the target's hidden states, the first position
+    and rows of the committed positions it has not been shown (``ProposeInput``).
     """
     assert cache.num_tokens == len(committed) - 1
     t0 = time.perf_counter()
     draft: list[int] = []
     draft_probs = None
     if num_k > 0:
-        proposal = proposer.propose([ProposeInput(request_id, committed, num_k, params, gen)])[0]
+        start, rows = hidden if hidden is not None else (0, None)
+        inp = ProposeInput(
+            request_id, committed, num_k, params, gen, hidden_states=rows, hidden_start=start
+        )
+        proposal = proposer.propose([inp])[0]
         draft, draft_probs = proposal.draft_token_ids, proposal.draft_probs
         assert len(draft) <= num_k, f"proposer returned {len(draft)} > {num_k} tokens"
     t1 = time.perf_counter()
-    hidden = cache.forward([committed[-1], *draft])  # [1 + len(draft), hidden]
-    logits = target.compute_logits(hidden)  # [1 + len(draft), vocab]
+    verified = cache.forward([committed[-1], *draft])  # [1 + len(draft), hidden]
+    logits = target.compute_logits(verified)  # [1 + len(draft), vocab]
     if draft:
         new_tokens = rejection_sample([draft], [draft_probs], logits, [params], [gen])[0]
     else:

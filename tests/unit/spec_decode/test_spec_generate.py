@@ -14,14 +14,17 @@ from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import DraftModelProposer
+from specserve.spec_decode.eagle import EagleProposer
 from specserve.spec_decode.hybrid import HybridProposer
 from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.medusa import MedusaProposer
 from specserve.spec_decode.ngram import NgramProposer
 from specserve.spec_decode.plain_loop import generate_plain
 from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer
 from specserve.spec_decode.speculative_loop import generate_speculative, speculative_step
 from specserve.spec_decode.suffix import SuffixProposer
 from tests.conftest import make_tiny_model
+from tests.heads import make_eagle_head, make_medusa_heads
 
 EOS = (96,)
 
@@ -36,6 +39,11 @@ def make_proposer(kind: str, target: DecoderLM) -> Proposer:
         return NgramProposer(1, 3)
     if kind == "suffix":
         return SuffixProposer(max_depth=8, min_match_len=1, min_confidence=0.0)
+    if kind == "eagle":  # a random EAGLE-3 head over part of the vocabulary: mostly wrong
+        head = make_eagle_head(target, seed=98, draft_vocab_size=target.cfg.vocab_size * 3 // 4)
+        return EagleProposer(target, head)
+    if kind == "medusa":  # random Medusa heads: mostly wrong
+        return MedusaProposer(target, make_medusa_heads(target, seed=97, num_heads=8))
     if kind == "hybrid":  # suffix where it matches, a mostly wrong draft model elsewhere
         draft = make_tiny_model(target.cfg.family, seed=99)
         return HybridProposer(
@@ -55,7 +63,9 @@ def prompts(seed: int, n: int = 3) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("k", [1, 3, 7, 15])
-@pytest.mark.parametrize("kind", ["draft-same", "draft-random", "ngram", "suffix", "hybrid"])
+@pytest.mark.parametrize(
+    "kind", ["draft-same", "draft-random", "ngram", "suffix", "hybrid", "eagle", "medusa"]
+)
 def test_greedy_is_lossless(family: str, kind: str, k: int) -> None:
     target = make_tiny_model(family, seed=1)
     proposer = make_proposer(kind, target)
@@ -242,7 +252,7 @@ def test_sampled_is_seed_reproducible_and_identical_draft_is_accepted() -> None:
     assert other.token_ids != runs[0].token_ids
 
 
-@pytest.mark.parametrize("kind", ["draft-random", "ngram"])
+@pytest.mark.parametrize("kind", ["draft-random", "ngram", "eagle", "medusa"])
 def test_sampled_step_follows_the_target_distribution(kind: str) -> None:
     """The token produced by a verify step (accepted draft or recovered) is distributed as the
     target's next-token distribution, marginalised over the first sampled token."""

@@ -236,9 +236,12 @@ def run_layers(
     sin: torch.Tensor,
     meta: AttentionMetadata,
     kv: KVCacheTensors,
+    captured: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """All decoder layers over ``x # [B, T, hidden]`` (bf16), one op call each; the caller
-    applies the final norm. ``cos``/``sin``: ``# [B, T, head_dim]``."""
+    applies the final norm. ``cos``/``sin``: ``# [B, T, head_dim]``. With ``captured`` a list,
+    the residual stream entering each layer in ``model.capture_layers`` is appended to it
+    (``# [B, T, hidden]`` each, once per layer, in layer order)."""
     b, t, h = x.shape
     rows = x.reshape(b * t, h).contiguous()
     positions = meta.positions.reshape(-1).contiguous()
@@ -246,7 +249,11 @@ def run_layers(
     context = meta.context_slots.contiguous()
     cos2 = cos.reshape(b * t, -1).contiguous()
     sin2 = sin.reshape(b * t, -1).contiguous()
-    for layer in _layers(model):
+    capture = set(model.capture_layers) if captured is not None else set()
+    for i, layer in enumerate(_layers(model)):
+        if i in capture:
+            assert captured is not None
+            captured.append(rows.view(b, t, h))
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
         rows = getattr(torch.ops.specserve, w.op)(
