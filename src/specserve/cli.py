@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "models": "specserve.commands.models",
     "generate": "specserve.commands.generate",
     "perf": "specserve.commands.perf",
+    "train-draft": "specserve.commands.train_draft",
 }
 
 

@@ -36,7 +36,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         {"server"},
         {"bench"},
         {"report", "quality"},
-        {"experiment", "tune", "deploy", "perf"},
+        {"experiment", "tune", "deploy", "perf", "train"},
         {"commands"},
         {"cli"},
     )

@@ -68,6 +68,9 @@ def _render(args: argparse.Namespace) -> int:
         return 2
     overlays = ", ".join(cfg.overlays)
     print(f"wrote {len(written)} files to {args.output} (overlays: {overlays})")
+    for overlay, notes in cfg.notes().items():
+        for note in notes:
+            print(f"warning: {overlay}: {note}", file=sys.stderr)
     for name in cfg.overlays:
         print(f"  kubectl apply -k {args.output / 'overlays' / name}")
     return 0

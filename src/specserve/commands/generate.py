@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from specserve.commands.serve import add_weight_format_args, parse_k
-from specserve.config import SpecConfig, resolve_dtype
+from specserve.config import SPEC_METHODS, SpecConfig, resolve_dtype
 from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import check_vocab_compatible
@@ -48,9 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
     p.add_argument(
-        "--spec-method", choices=["none", "draft", "ngram", "suffix", "hybrid"], default="none"
+        "--spec-method", choices=list(SPEC_METHODS), default="none"
     )
-    p.add_argument("--draft-model", default=None, help="draft model (methods 'draft' and 'hybrid')")
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft model (methods 'draft' and 'hybrid'), or the trained head (eagle, medusa)",
+    )
     p.add_argument(
         "--num-speculative-tokens",
         type=parse_k,
@@ -112,7 +116,12 @@ def run(args: argparse.Namespace) -> int:
         eos = tuple(tok.eos_token_ids)
         proposer = None
         if spec.enabled:
-            draft = None
+            draft, head = None, None
+            if spec.uses_head:
+                from specserve.engine.builder import load_head
+
+                assert spec.draft_model is not None
+                head = load_head(spec.method, spec.draft_model, target.model, "cpu")
             if spec.uses_draft_model:
                 assert spec.draft_model is not None
                 draft_lm = load_in_format(
@@ -130,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
                 max_model_len=max_len,
                 ngram_min=spec.ngram_min,
                 ngram_max=spec.ngram_max,
+                target=target.model,
+                head=head,
+                head_name=spec.draft_model or "",
             )
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 
 from specserve.commands.vllm_spec import parse_speculative_config
 from specserve.config import (
+    SPEC_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
     EngineConfig,
@@ -93,13 +94,17 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--model", required=True, help="catalog name, HF dir, .gguf file or repo id")
     p.add_argument(
-        "--draft-model", action=_RecordGiven, help="draft model (implies --spec-method draft)"
+        "--draft-model",
+        action=_RecordGiven,
+        help="draft model (implies --spec-method draft), or for eagle/medusa the trained "
+        "head's directory or name (`specserve train-draft`)",
     )
     p.add_argument(
         "--spec-method",
         action=_RecordGiven,
-        choices=["none", "ngram", "suffix", "draft", "hybrid"],
-        help="speculative method (default: draft if --draft-model is given, else none)",
+        choices=list(SPEC_METHODS),
+        help="speculative method (default: draft if --draft-model is given, else none); "
+        "eagle: an EAGLE-3 head over the target's hidden states; medusa: Medusa heads",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -114,7 +119,8 @@ def register(subparsers: Any) -> None:
         metavar="JSON",
         help='speculation as vLLM spells it, e.g. \'{"method": "ngram", '
         '"num_speculative_tokens": 4, "prompt_lookup_max": 3}\' or \'{"model": DRAFT, '
-        '"num_speculative_tokens": 5}\'; instead of --spec-method, --draft-model, '
+        '"num_speculative_tokens": 5}\' or \'{"method": "eagle3", "model": HEAD_DIR}\'; '
+        "instead of --spec-method, --draft-model, "
         "--num-speculative-tokens and --speculative-disable-by-batch-size (keys: method, "
         "model, num_speculative_tokens, "
         "prompt_lookup_min/max, disable_by_batch_size; draft_tensor_parallel_size and "

@@ -32,12 +32,14 @@ METHODS: dict[str, SpecMethod] = {
     "[ngram]": "ngram",
     "draft_model": "draft",
     "suffix": "suffix",
+    "eagle3": "eagle",
+    "medusa": "medusa",
 }
+# Methods whose 'model' is a trained head directory (or a trained head's name).
+HEAD_METHODS = ("eagle3", "medusa")
 # vLLM methods specserve does not have (yet): refused with a clear message.
 NOT_IMPLEMENTED = (
     "eagle",
-    "eagle3",
-    "medusa",
     "mlp_speculator",
     "mtp",
     "deepseek_mtp",
@@ -71,7 +73,8 @@ class VllmSpeculation:
 
     Attributes:
         method: specserve's method name.
-        draft_model: the draft (method ``draft``), else None.
+        draft_model: the draft (method ``draft``) or the head (``eagle``, ``medusa``), else
+            None.
         num_speculative_tokens: the fixed k, or None for the adaptive controller.
         ngram_min / ngram_max: the n-gram lengths (method ``ngram``), None for the defaults.
         disable_by_batch_size: the batch size from which nobody drafts, or None.
@@ -146,6 +149,12 @@ def parse_speculative_config(text: str) -> VllmSpeculation:
     if method == "draft":
         if not model:
             raise ValueError("--speculative-config: method draft_model needs 'model' (the draft)")
+    elif method in ("eagle", "medusa"):
+        if not model:
+            raise ValueError(
+                f"--speculative-config: method {config.get('method')!r} needs 'model' (the "
+                "head's directory, e.g. one `specserve train-draft` wrote)"
+            )
     elif model is not None and not (method == "ngram" and model in ("ngram", "[ngram]")):
         raise ValueError(
             f"--speculative-config: 'model' is the draft of method draft_model; method "
@@ -169,7 +178,7 @@ def parse_speculative_config(text: str) -> VllmSpeculation:
             warnings.append(f"--speculative-config: {key} is ignored ({why})")
     return VllmSpeculation(
         method=method,
-        draft_model=model if method == "draft" else None,
+        draft_model=model if method in ("draft", "eagle", "medusa") else None,
         num_speculative_tokens=_int(config, "num_speculative_tokens", 1, MAX_K),
         ngram_min=lo,
         ngram_max=hi,

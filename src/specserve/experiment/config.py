@@ -35,13 +35,14 @@ class ServersConfig(BaseModel):
     target: str = Field(default=DEFAULT_TARGET, description="Target model (catalog name/path).")
     draft: str | None = Field(
         default=None,
-        description=f"Draft model for method 'draft' (same tokenizer); default {DEFAULT_DRAFT}.",
+        description=f"Draft model for method 'draft' (same tokenizer; default {DEFAULT_DRAFT}), "
+        "or the trained head's directory or name for methods 'eagle' and 'medusa'.",
     )
-    method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(
+    method: Literal["draft", "ngram", "suffix", "hybrid", "eagle", "medusa"] = Field(
         default="draft",
         description="Proposer of the speculative server (draft: the draft model, as in the "
         "reference study; hybrid: suffix drafts where they get accepted, the draft model "
-        "otherwise).",
+        "otherwise; eagle / medusa: a head trained with `specserve train-draft`).",
     )
     num_speculative_tokens: int | Literal["auto"] = Field(
         default="auto",
@@ -81,11 +82,18 @@ class ServersConfig(BaseModel):
         if isinstance(k, int) and not 1 <= k <= 32:
             raise ValueError(f"num_speculative_tokens must be in [1, 32] or 'auto', got {k}")
         uses_draft = self.method in ("draft", "hybrid")
+        uses_head = self.method in ("eagle", "medusa")
         if uses_draft and self.draft is None:
             object.__setattr__(self, "draft", DEFAULT_DRAFT)
-        if not uses_draft and self.draft is not None:
+        if uses_head and self.draft is None:
             raise ValueError(
-                f"a draft model is only used with methods 'draft' and 'hybrid', not {self.method!r}"
+                f"method {self.method!r} needs draft: a trained head's directory or name "
+                "(`specserve train-draft` makes one)"
+            )
+        if not (uses_draft or uses_head) and self.draft is not None:
+            raise ValueError(
+                "a draft model is only used with methods 'draft' and 'hybrid' (a head with "
+                f"'eagle' and 'medusa'), not {self.method!r}"
             )
         if not uses_draft:
             if "draft_weights" in self.model_fields_set and self.draft_weights is not None:

@@ -21,8 +21,14 @@ class ProposerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$", description="Label in tables and plots.")
-    method: Literal["draft", "ngram", "suffix", "hybrid"] = Field(description="Proposer kind.")
-    draft: str | None = Field(default=None, description="Draft model (method 'draft').")
+    method: Literal["draft", "ngram", "suffix", "hybrid", "eagle", "medusa"] = Field(
+        description="Proposer kind."
+    )
+    draft: str | None = Field(
+        default=None,
+        description="Draft model (methods 'draft', 'hybrid') or trained head's directory or "
+        "name (methods 'eagle', 'medusa'; `specserve train-draft`).",
+    )
     draft_num_layers: int | None = Field(
         default=None,
         ge=1,
@@ -35,10 +41,18 @@ class ProposerConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ProposerConfig:
         uses_draft = self.method in ("draft", "hybrid")
+        uses_head = self.method in ("eagle", "medusa")
         if uses_draft and not self.draft:
             raise ValueError(f"proposer {self.name!r}: method {self.method!r} needs a draft model")
-        if not uses_draft and (self.draft or self.draft_num_layers or self.draft_weights):
+        if uses_head and not self.draft:
+            raise ValueError(
+                f"proposer {self.name!r}: method {self.method!r} needs a trained head (draft: "
+                "its directory or name; `specserve train-draft` makes one)"
+            )
+        if not uses_draft and (self.draft_num_layers or self.draft_weights):
             raise ValueError(f"proposer {self.name!r}: draft settings need a draft method")
+        if not (uses_draft or uses_head) and self.draft:
+            raise ValueError(f"proposer {self.name!r}: method {self.method!r} takes no draft")
         return self
 
     def serve_args(self, k_max: int) -> list[str]:

@@ -1,0 +1,1 @@
+"""Training draft heads (EAGLE-3, Medusa) for a target: ``specserve train-draft``."""

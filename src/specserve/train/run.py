@@ -1,0 +1,242 @@
+"""``specserve train-draft`` end to end: generate, record, train, write the head directory.
+
+Stages, each resumable from the work directory (``<output>.work`` by default):
+
+1. **Generate** the target's replies at temperature 0 to the training conversations, and
+2. **record** the target's hidden states of every position in the same forwards
+   (``generate.py``): the low / middle / high layers EAGLE-3 reads and the final normed
+   output Medusa reads are captured together, so one generation serves both methods.
+3. **Train** the head (``objectives.py``, ``trainer.py``), one sequence in 20 held out for
+   the accuracy curve.
+4. **Write** the head directory (``loading/spec_heads.py``: the ``speculators`` EAGLE-3
+   format, or vLLM's Medusa format) with ``training.json``: the command, the data, the time
+   each stage took, the peak memory and the curve.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specserve.dtypes import torch_dtype
+from specserve.loading.loader import LoadedModel
+from specserve.loading.quant_cache import load_in_format
+from specserve.loading.spec_heads import (
+    default_aux_layer_ids,
+    eagle3_head_config,
+    medusa_head_config,
+    write_head,
+)
+from specserve.models.decoder import DecoderLM
+from specserve.models.eagle3 import Eagle3Config, Eagle3Head
+from specserve.models.medusa import MedusaConfig, MedusaHeads
+from specserve.train.data import (
+    TrainingDataError,
+    builtin_conversations,
+    corpus_text,
+    load_jsonl,
+)
+from specserve.train.generate import Sequence_, generate_training_data, load_sequences
+from specserve.train.objectives import (
+    draft_vocabulary,
+    eagle3_loss,
+    init_eagle3,
+    init_medusa,
+    medusa_loss,
+)
+from specserve.train.trainer import TrainConfig, train
+
+EVAL_EVERY = 20  # one sequence in this many is held out
+
+
+@dataclass
+class TrainDraftOptions:
+    """What ``specserve train-draft`` was asked (see its ``--help``)."""
+
+    model: str
+    method: str
+    output: Path
+    data: Path | None = None
+    num_prompts: int = 160
+    max_tokens: int = 160
+    weights: str | None = None
+    dtype: str = "bfloat16"
+    work: Path | None = None
+    resume: bool = False
+    max_num_seqs: int = 8
+    draft_vocab_size: int = 32000
+    ttt_steps: int = 3
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+    num_speculative_tokens: int = 5
+    train: TrainConfig = field(default_factory=TrainConfig)
+    command: str = ""
+
+    @property
+    def work_dir(self) -> Path:
+        return self.work or self.output.with_name(self.output.name + ".work")
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def target_lm_head(model: DecoderLM) -> torch.Tensor:
+    """The target's LM head as a dense ``# [vocab, hidden]`` matrix (a quantised head is
+    read back through its own matmul of the identity)."""
+    weight = getattr(model.lm_head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point:
+        return weight.detach()
+    h = model.cfg.hidden_size
+    with torch.no_grad():
+        return model.compute_logits(torch.eye(h, dtype=model.dtype)).T.contiguous()
+
+
+def recorded_layers(num_layers: int) -> tuple[int, ...]:
+    """The hidden states one generation records: EAGLE-3's three, then the final output."""
+    return (*default_aux_layer_ids(num_layers), num_layers)
+
+
+def _vocab(opts: TrainDraftOptions, target: LoadedModel, seqs: list[Sequence_]) -> torch.Tensor:
+    size = min(opts.draft_vocab_size, target.arch.vocab_size)
+    replies = [int(t) for s in seqs for t in s.tokens[s.prompt_len :]]
+    corpus = target.tokenizer.encode(corpus_text(), add_special_tokens=False)
+    return draft_vocabulary(size, target.arch.vocab_size, replies, corpus)
+
+
+def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = print) -> Path:
+    """Train a head as ``opts`` says and write it to ``opts.output``; returns the path.
+
+    Raises:
+        TrainingDataError: no usable training data.
+        CheckpointError: a checkpoint could not be written or resumed.
+        ValueError / OSError: bad options, an unloadable target, an unwritable output.
+        KeyboardInterrupt: after the last finished stage or checkpoint was saved.
+    """
+    if opts.method not in ("eagle", "medusa"):
+        raise ValueError(f"unknown head method {opts.method!r}; known: eagle, medusa")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    target = load_in_format(opts.model, opts.weights, torch_dtype(opts.dtype))  # type: ignore[arg-type]
+    timings["load_s"] = time.perf_counter() - t0
+    arch = target.arch
+    layers = recorded_layers(arch.num_layers)
+    if opts.data is not None:
+        conversations = load_jsonl(opts.data)
+    else:
+        conversations = builtin_conversations(opts.num_prompts, opts.train.seed)
+    work = opts.work_dir
+    if not opts.resume and (work / "generation.json").exists():
+        progress(f"generate: reusing the {work} generations (delete it to start over)")
+    gen = generate_training_data(
+        target, conversations, work, layers,
+        max_tokens=opts.max_tokens, max_num_seqs=opts.max_num_seqs, progress=progress,
+    )  # fmt: skip
+    timings["generate_and_record_s"] = gen["seconds"]
+    seqs = load_sequences(work)
+    if not seqs:
+        raise TrainingDataError("no training sequence was generated (every prompt was too long?)")
+    progress(f"data: {len(seqs)} sequences, "
+             f"{sum(len(s.tokens) - s.prompt_len for s in seqs)} reply tokens")  # fmt: skip
+
+    t1 = time.perf_counter()
+    vocab = _vocab(opts, target, seqs)
+    target_to_draft = torch.full((arch.vocab_size,), -100, dtype=torch.long)
+    target_to_draft[vocab] = torch.arange(len(vocab))
+    h = arch.hidden_size
+    torch.manual_seed(opts.train.seed)
+    module: torch.nn.Module
+    if opts.method == "eagle":
+        cfg = Eagle3Config(
+            hidden_size=h, intermediate_size=arch.intermediate_size, num_heads=arch.num_heads,
+            num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim, target_hidden_size=h,
+            aux_layer_ids=default_aux_layer_ids(arch.num_layers),
+            target_vocab_size=arch.vocab_size, draft_vocab_size=len(vocab),
+            rope_theta=arch.rope_theta, rms_norm_eps=arch.rms_norm_eps,
+        )  # fmt: skip
+        head = Eagle3Head(cfg)
+        head.set_vocab_map(vocab)
+        init_eagle3(head, target.model, target_lm_head(target.model))
+        head.d2t.requires_grad_(False)
+        module, n_steps = head, opts.ttt_steps
+        embed = target.model.model.embed_tokens
+
+        def loss_fn(i: int) -> Any:
+            s = seqs[i]
+            return eagle3_loss(head, embed, s.tokens, s.hidden[:, : 3 * h].float(),
+                               s.prompt_len, target_to_draft, opts.ttt_steps)  # fmt: skip
+
+        extra: dict[str, Any] = {"method": "eagle", "config": asdict(cfg), "vocab": vocab.tolist()}
+    else:
+        mcfg = MedusaConfig(h, arch.vocab_size, opts.medusa_heads, opts.medusa_layers)
+        heads = MedusaHeads(mcfg)
+        init_medusa(heads)
+        lm_rows = target_lm_head(target.model)[vocab].float()
+        module, n_steps = heads, opts.medusa_heads
+
+        def loss_fn(i: int) -> Any:
+            s = seqs[i]
+            return medusa_loss(heads, lm_rows, s.tokens, s.hidden[:, 3 * h :],
+                               s.prompt_len, target_to_draft)  # fmt: skip
+
+        extra = {"method": "medusa", "config": asdict(mcfg), "vocab": vocab.tolist()}
+    eval_idx = list(range(0, len(seqs), EVAL_EVERY))
+    train_idx = [i for i in range(len(seqs)) if i not in set(eval_idx)] or eval_idx
+
+    def tokens_of(i: int) -> int:
+        return len(seqs[i].tokens) - seqs[i].prompt_len
+
+    state = train(
+        module, loss_fn, train_idx, eval_idx, n_steps, opts.train, work,
+        resume=opts.resume, extra=extra, tokens_of=tokens_of, progress=progress,
+    )  # fmt: skip
+    timings["train_s"] = time.perf_counter() - t1
+    training = {
+        "method": opts.method,
+        "target": opts.model,
+        "target_weights": opts.weights or opts.dtype,
+        "command": opts.command or " ".join(sys.argv),
+        "data": str(opts.data)
+        if opts.data
+        else f"built-in: {opts.num_prompts} prompts from the Python {sys.version.split()[0]} "
+        "standard library's sources (specserve.train.data)",
+        "sequences": {"train": len(train_idx), "held_out": len(eval_idx)},
+        "reply_tokens": sum(tokens_of(i) for i in range(len(seqs))),
+        "max_tokens": opts.max_tokens,
+        "train_config": asdict(opts.train),
+        "ttt_steps": opts.ttt_steps if opts.method == "eagle" else None,
+        "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "train_state": {"steps": state.step, "tokens_seen": state.tokens_seen},
+        "peak_rss_gib": round(_peak_rss_gib(), 2),
+        "curve": state.curve,
+    }
+    verifier_arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+        arch.family, "LlamaForCausalLM"
+    )
+    if opts.method == "eagle":
+        assert isinstance(module, Eagle3Head)
+        tensors = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v
+                   for k, v in module.state_dict().items()}  # fmt: skip
+        config = eagle3_head_config(
+            module.cfg, verifier=opts.model, verifier_arch=verifier_arch,
+            num_speculative_tokens=opts.num_speculative_tokens,
+        )  # fmt: skip
+    else:
+        assert isinstance(module, MedusaHeads)
+        tensors = {k: v.detach().to(torch.bfloat16) for k, v in module.state_dict().items()}
+        tensors["lm_heads.0.weight"] = target_lm_head(target.model).to(torch.bfloat16)
+        config = medusa_head_config(module.cfg, verifier=opts.model)
+    write_head(opts.output, config, tensors, training)
+    progress(
+        f"wrote {opts.method} head to {opts.output} (load {timings['load_s']:.0f} s, generate + "
+        f"record {timings['generate_and_record_s']:.0f} s, train {timings['train_s']:.0f} s, "
+        f"peak RSS {training['peak_rss_gib']} GiB)"
+    )
+    return opts.output
