@@ -56,7 +56,11 @@ def selector(cfg: DeployConfig, arm: Arm) -> dict[str, str]:
 
 
 def speculative_config(cfg: DeployConfig, draft_path: str | None) -> str:
-    """The JSON value of vLLM's ``--speculative-config`` (model, k, method)."""
+    """The JSON value of vLLM's ``--speculative-config`` (model, k, method).
+
+    For the head methods (``eagle``, ``eagle3``, ``medusa``) ``model`` is the head: its folder
+    in the model volume or, with ``draft.from_hub``, its hub id.
+    """
     spec = cfg.speculation
     value: dict[str, Any] = {}
     if spec.method != "ngram":
@@ -70,8 +74,12 @@ def speculative_config(cfg: DeployConfig, draft_path: str | None) -> str:
     return json.dumps(value, separators=(", ", ": "))
 
 
-def vllm_args(cfg: DeployConfig, arm: Arm) -> list[str]:
-    """vLLM server arguments shared by every platform; the arms differ only in speculation."""
+def vllm_args(cfg: DeployConfig, arm: Arm, speculative_config_arg: bool = True) -> list[str]:
+    """vLLM server arguments shared by every platform; the arms differ only in speculation.
+
+    ``speculative_config_arg=False`` leaves ``--speculative-config`` out (Neuron's Medusa is
+    configured through ``--additional-config`` alone).
+    """
     s = cfg.serving
     args = [
         f"--model={cfg.target.mount_path}",
@@ -82,8 +90,8 @@ def vllm_args(cfg: DeployConfig, arm: Arm) -> list[str]:
         f"--max-model-len={s.max_model_len}",
         f"--max-num-seqs={s.max_num_seqs}",
     ]
-    if arm == "speculative":
-        draft_path = cfg.draft.mount_path if cfg.draft is not None else None
+    if arm == "speculative" and speculative_config_arg:
+        draft_path = cfg.draft.location if cfg.draft is not None else None
         args.append(f"--speculative-config={speculative_config(cfg, draft_path)}")
     return args
 
@@ -99,14 +107,16 @@ def _probe(path: str, period_s: int, failures: int) -> Obj:
 
 def server_container(cfg: DeployConfig, arm: Arm) -> Obj:
     s = cfg.serving
+    hub_draft = cfg.draft is not None and cfg.draft.from_hub
     return {
         "name": SERVER_CONTAINER,
         "image": (cfg.platforms.nvidia or NvidiaConfig()).image,
         "command": list(VLLM_COMMAND),
         "args": vllm_args(cfg, arm),
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        # Weights come from the mounted volume; never reach for a model hub at start-up.
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        # Weights come from the mounted volume; never reach for a model hub at start-up,
+        # unless the draft is a hub head (then in both arms, which must stay identical).
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "0" if hub_draft else "1"}],
         "resources": {
             "requests": {"cpu": s.cpu, "memory": s.memory},
             "limits": {"memory": s.memory},

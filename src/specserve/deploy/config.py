@@ -33,6 +33,14 @@ _MAX_K = 16  # the reference study swept k = 5..15; Neuron compiles one graph pe
 
 MODELS_MOUNT = "/models"
 
+SpecMethod = Literal["draft_model", "eagle", "eagle3", "medusa", "ngram"]
+# Methods whose ``draft`` is a trained head over the target's hidden states, not a model.
+HEAD_METHODS: tuple[SpecMethod, ...] = ("eagle", "eagle3", "medusa")
+# vLLM 0.28's Medusa loader is the newest one checked; vLLM 0.33 no longer has Medusa.
+# Versions after 0.28 are refused (the release that dropped it is not pinned down).
+MEDUSA_LAST_VLLM = (0, 28)
+MEDUSA_GONE_VLLM = (0, 33)
+
 
 class ModelRef(Strict):
     """A model served (target) or used for drafting (draft)."""
@@ -44,11 +52,30 @@ class ModelRef(Strict):
     tokenizer_family: str | None = Field(
         default=None, description="Override the tokenizer family looked up from the name."
     )
+    from_hub: bool = Field(
+        default=False,
+        description="Draft only: the server downloads `name` from the Hugging Face Hub at "
+        "start-up instead of reading the model volume (e.g. a public EAGLE-3 head).",
+    )
+
+    @model_validator(mode="after")
+    def _check_hub(self) -> ModelRef:
+        if self.from_hub and self.path is not None:
+            raise ValueError(
+                f"{self.name!r}: from_hub downloads the name from the Hugging Face Hub; "
+                "remove path (or from_hub to read the folder from the model volume)"
+            )
+        return self
 
     @property
     def mount_path(self) -> str:
         """Where the weights appear inside a server container."""
         return f"{MODELS_MOUNT}/{(self.path or self.name).strip('/')}"
+
+    @property
+    def location(self) -> str:
+        """What a server is given: the hub id (``from_hub``) or the folder's mount path."""
+        return self.name if self.from_hub else self.mount_path
 
     @property
     def family(self) -> str | None:
@@ -78,10 +105,14 @@ ModelSource = Annotated[PvcSource | S3Source, Field(discriminator="kind")]
 class SpeculationConfig(Strict):
     """What the speculative arm adds to the baseline."""
 
-    method: Literal["draft_model", "eagle", "eagle3", "ngram"] = Field(
-        default="draft_model", description="vLLM speculative method."
-    )
+    method: SpecMethod = Field(default="draft_model", description="vLLM speculative method.")
     num_speculative_tokens: int = Field(description=f"k, draft tokens per step (1..{_MAX_K}).")
+    num_heads: int | None = Field(
+        default=None,
+        ge=1,
+        description="medusa: heads stored in the head folder; checked against k (vLLM sets "
+        "its Medusa head count to num_speculative_tokens).",
+    )
     draft_max_model_len: int | None = Field(
         default=None, ge=16, description="Draft context length."
     )
@@ -96,6 +127,16 @@ class SpeculationConfig(Strict):
                 f"num_speculative_tokens must be in 1..{_MAX_K}, got "
                 f"{self.num_speculative_tokens} (the reference study swept 5..15)"
             )
+        if self.num_heads is not None:
+            if self.method != "medusa":
+                raise ValueError(f"num_heads is for method 'medusa', not {self.method!r}")
+            if self.num_heads != self.num_speculative_tokens:
+                raise ValueError(
+                    f"medusa: num_speculative_tokens={self.num_speculative_tokens} must equal "
+                    f"num_heads={self.num_heads} (vLLM runs as many Medusa heads as "
+                    "num_speculative_tokens, so a different k drops trained heads or asks for "
+                    "heads that do not exist)"
+                )
         return self
 
 
@@ -175,27 +216,96 @@ class DeployConfig(Strict):
                 "{kind: s3, bucket: ..., region: ...} so the servers can find the weights"
             )
         method = self.speculation.method
+        if self.target.from_hub:
+            raise ValueError("target.from_hub: the target is always read from the model volume")
         if method == "ngram":
             if self.draft is not None:
                 raise ValueError("speculation.method 'ngram' takes no draft model; remove draft")
         elif self.draft is None:
+            if method in HEAD_METHODS:
+                raise ValueError(
+                    f"speculation.method {method!r} needs a head (draft): draft.path, its "
+                    "folder in the model volume (e.g. written by `specserve train-draft`), "
+                    "or draft.name with from_hub: true for a public head"
+                )
             raise ValueError(f"speculation.method {method!r} needs a draft model (draft.name)")
         elif method == "draft_model":
             self._check_tokenizers(self.target, self.draft)
         p = self.platforms
         if p.nvidia is None and p.neuron is None and p.specserve is None:
             raise ValueError("platforms: enable at least one of nvidia, neuron, specserve")
-        if p.nvidia is not None and p.nvidia.gpus % p.nvidia.tensor_parallel_size != 0:
-            raise ValueError(
-                f"platforms.nvidia.tensor_parallel_size={p.nvidia.tensor_parallel_size} does "
-                f"not divide gpus={p.nvidia.gpus}"
-            )
-        if p.specserve is not None:
-            if method in ("eagle", "eagle3"):
-                raise ValueError(f"specserve's server has no {method!r} proposer; use draft_model")
-            if not (p.specserve.cpu or p.specserve.cuda):
-                raise ValueError("platforms.specserve: enable cpu or cuda (or remove it)")
+        if p.nvidia is not None:
+            if p.nvidia.gpus % p.nvidia.tensor_parallel_size != 0:
+                raise ValueError(
+                    f"platforms.nvidia.tensor_parallel_size={p.nvidia.tensor_parallel_size} "
+                    f"does not divide gpus={p.nvidia.gpus}"
+                )
+            version = p.nvidia.vllm_version
+            if method == "medusa" and version is not None and version[:2] > MEDUSA_LAST_VLLM:
+                gone = ".".join(map(str, MEDUSA_GONE_VLLM))
+                last = ".".join(map(str, MEDUSA_LAST_VLLM))
+                raise ValueError(
+                    f"platforms.nvidia.image {p.nvidia.image!r} is vLLM "
+                    f"{'.'.join(map(str, version))}: Medusa is checked up to vLLM {last} and "
+                    f"removed by {gone}; pin an image of vLLM <= {last} for method 'medusa'"
+                )
+        if p.neuron is not None:
+            if method in HEAD_METHODS and self.draft is not None and self.draft.from_hub:
+                raise ValueError(
+                    "platforms.neuron: a hub head (draft.from_hub) is not rendered for Neuron; "
+                    "copy the head into the model volume and set draft.path"
+                )
+            if method in ("eagle", "eagle3") and not p.neuron.fused_speculation:
+                raise ValueError(
+                    f"platforms.neuron: method {method!r} runs as fused speculation on Neuron "
+                    "(NxD Inference's enable_eagle_speculation turns enable_fused_speculation "
+                    "on); set fused_speculation: true"
+                )
+        if p.specserve is not None and not (p.specserve.cpu or p.specserve.cuda):
+            raise ValueError("platforms.specserve: enable cpu or cuda (or remove it)")
         return self
+
+    def notes(self) -> dict[str, list[str]]:
+        """Caveats of a valid config, by overlay name: printed by ``deploy render`` and
+        written at the top of that overlay's speculative patch."""
+        out: dict[str, list[str]] = {}
+        method = self.speculation.method
+        p = self.platforms
+        if method == "medusa" and p.nvidia is not None and p.nvidia.vllm_version is None:
+            out.setdefault("nvidia", []).append(
+                f"cannot read a vLLM version from image {p.nvidia.image!r}; Medusa needs "
+                "vLLM <= 0.28 (gone by 0.33)"
+            )
+        if method == "medusa" and p.neuron is not None:
+            target = self.target.mount_path
+            out.setdefault("neuron", []).append(
+                f"NxD Inference loads Medusa heads from {target}/medusa_heads.pt (a torch "
+                "state dict of medusa_head_<i> modules), not from draft.path; convert "
+                "specserve's vLLM-format Medusa folder and put that file in the target's folder"
+            )
+            out["neuron"].append(
+                "Medusa through the vLLM Neuron plugin is unverified (the plugin documents "
+                "EAGLE); medusa_tree is not rendered, so the heads propose one chain"
+            )
+        if method == "eagle" and p.specserve is not None:
+            for overlay in self.overlays:
+                if overlay.startswith("specserve-"):
+                    out.setdefault(overlay, []).append(
+                        "specserve's eagle proposer reads EAGLE-3 heads (the speculators "
+                        "format); an EAGLE-1 head does not load there"
+                    )
+        if method == "eagle3" and p.neuron is not None:
+            out.setdefault("neuron", []).append(
+                "EAGLE-3 through the vLLM Neuron plugin is unverified (the plugin release read "
+                "documents EAGLE v1 only); is_eagle3 is NxD Inference's flag for it"
+            )
+        if self.draft is not None and self.draft.from_hub:
+            for overlay in self.overlays:
+                out.setdefault(overlay, []).append(
+                    f"the speculative arm downloads {self.draft.name!r} from the Hugging Face "
+                    "Hub at start-up (HF_HUB_OFFLINE=0 in both arms)"
+                )
+        return out
 
     @staticmethod
     def _check_tokenizers(target: ModelRef, draft: ModelRef) -> None:

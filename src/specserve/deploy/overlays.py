@@ -6,8 +6,12 @@ resources, environment and volumes of the base are replaced or extended per plat
 * ``nvidia``: the pinned vLLM image, ``nvidia.com/gpu``, tensor (and pipeline) parallelism.
 * ``neuron``: the Neuron vLLM container, ``aws.amazon.com/neuron`` devices on the chosen
   instance type, tensor parallelism in logical NeuronCores, and for the speculative arm
-  the fused-speculation override (``--additional-config`` with ``override_neuron_config``).
-* ``specserve-cpu`` / ``specserve-cuda``: specserve's own image and ``specserve serve``.
+  NxD Inference's speculation flags (``--additional-config`` with ``override_neuron_config``):
+  fused speculation, EAGLE (``enable_eagle_speculation``, ``is_eagle3``) or Medusa
+  (``is_medusa``, ``medusa_speculation_length``, ``num_medusa_heads``; no
+  ``--speculative-config``, the heads live in the target's folder as ``medusa_heads.pt``).
+* ``specserve-cpu`` / ``specserve-cuda``: specserve's own image and ``specserve serve``
+  (``--draft-model``, ``--spec-method ngram|eagle|medusa``).
 """
 
 from __future__ import annotations
@@ -60,17 +64,43 @@ def nvidia_patch(cfg: DeployConfig, spec: NvidiaConfig, arm: Arm) -> Obj:
     return _patch(cfg, arm, container, pod)
 
 
-def neuron_additional_config(spec: NeuronConfig) -> str | None:
-    """The speculative arm's ``--additional-config`` JSON, or None when nothing to override."""
+def neuron_overrides(cfg: DeployConfig, spec: NeuronConfig) -> Obj:
+    """NxD Inference ``NeuronConfig`` fields the speculative arm overrides (may be empty).
+
+    The vLLM Neuron plugin already turns ``enable_fused_speculation`` on (and, for method
+    ``eagle``, ``enable_eagle_speculation``) from ``--speculative-config``; they are repeated
+    here so the compiled graph does not depend on that mapping. Medusa is no fused draft:
+    NxD Inference builds the heads into the target and verifies the heads' tokens plus the
+    last accepted one per step (``medusa_speculation_length`` = heads + 1 for one chain).
+    """
+    method = cfg.speculation.method
+    k = cfg.speculation.num_speculative_tokens
+    if method == "medusa":
+        # k is the head count (DeployConfig checks num_heads == k when num_heads is given).
+        return {"is_medusa": True, "medusa_speculation_length": k + 1, "num_medusa_heads": k}
     if not spec.fused_speculation:
+        return {}
+    overrides: Obj = {"enable_fused_speculation": True}
+    if method in ("eagle", "eagle3"):
+        overrides["enable_eagle_speculation"] = True
+    if method == "eagle3":
+        overrides["is_eagle3"] = True
+    return overrides
+
+
+def neuron_additional_config(cfg: DeployConfig, spec: NeuronConfig) -> str | None:
+    """The speculative arm's ``--additional-config`` JSON, or None when nothing to override."""
+    overrides = neuron_overrides(cfg, spec)
+    if not overrides:
         return None
-    value = {spec.neuron_config_key: {"enable_fused_speculation": True}}
-    return json.dumps(value, separators=(", ", ": "))
+    return json.dumps({spec.neuron_config_key: overrides}, separators=(", ", ": "))
 
 
 def neuron_patch(cfg: DeployConfig, spec: NeuronConfig, arm: Arm) -> Obj:
-    args = [*vllm_args(cfg, arm), f"--tensor-parallel-size={spec.tensor_parallel_size}"]
-    extra = neuron_additional_config(spec)
+    # Medusa on Neuron has no draft model for vLLM to load: only the NxD Inference flags.
+    with_spec = cfg.speculation.method != "medusa"
+    args = [*vllm_args(cfg, arm, with_spec), f"--tensor-parallel-size={spec.tensor_parallel_size}"]
+    extra = neuron_additional_config(cfg, spec)
     if arm == "speculative" and extra is not None:
         args.append(f"--additional-config={extra}")
     container = {
@@ -125,11 +155,15 @@ def specserve_serve_args(
         if spec.adaptive_k
         else [f"--num-speculative-tokens={k}"]
     )
-    if cfg.speculation.method == "ngram":
+    method = cfg.speculation.method
+    if method == "ngram":
         args.append("--spec-method=ngram")
     else:
-        assert cfg.draft is not None and cfg.speculation.method == "draft_model"
-        args.append(f"--draft-model={cfg.draft.mount_path}")
+        assert cfg.draft is not None
+        if method != "draft_model":
+            # specserve's EAGLE proposer reads EAGLE-3 heads (the speculators format).
+            args.append(f"--spec-method={'medusa' if method == 'medusa' else 'eagle'}")
+        args.append(f"--draft-model={cfg.draft.location}")
     return [*args, *k_args]
 
 

@@ -7,6 +7,7 @@ CPU and/or CUDA variants).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -16,6 +17,21 @@ from specserve.deploy.catalog import NEURON_INSTANCES
 
 # DNS-1035 label; with a length cap it leaves room for suffixes within 63 characters.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The version at the start of a vLLM image tag: ``v0.23.0``, ``0.11.0-neuronx-...``.
+_VERSION_TAG = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?!\d)")
+
+
+def image_version(image: str) -> tuple[int, int, int] | None:
+    """The version a pinned image's tag starts with, or None (digest, ``latest``, other)."""
+    if "@" in image:
+        return None
+    _, sep, tag = image.rpartition(":")
+    if not sep or "/" in tag:
+        return None
+    m = _VERSION_TAG.match(tag)
+    if m is None:
+        return None
+    return int(m[1]), int(m[2]), int(m[3] or 0)
 
 
 class Strict(BaseModel):
@@ -32,6 +48,11 @@ class NvidiaConfig(Strict):
     tensor_parallel_size: int = Field(default=1, ge=1, description="TP degree; must divide gpus.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
     node_selector: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def vllm_version(self) -> tuple[int, int, int] | None:
+        """vLLM's version read from the image tag (``vllm/vllm-openai:v0.23.0``), or None."""
+        return image_version(self.image)
 
 
 class NeuronConfig(Strict):

@@ -97,11 +97,16 @@ def render_files(cfg: DeployConfig) -> dict[str, str]:
     out["base/kustomization.yaml"] = to_yaml([base_kustomization(cfg, list(files))], header)
     if cfg.monitoring.grafana_dashboard:
         out[f"base/{DASHBOARD_FILE}"] = dashboard_json()
+    notes = cfg.notes()
     for overlay in cfg.overlays:
         patch_files = []
         for arm, patch in overlay_patches(cfg, overlay).items():
             patch_file = f"{arm}-patch.yaml"
-            out[f"overlays/{overlay}/{patch_file}"] = to_yaml([patch], header)
+            arm_header = header
+            if arm == "speculative":
+                # Caveats travel with the manifest they concern.
+                arm_header += "".join(f"\n# NOTE: {n}" for n in notes.get(overlay, []))
+            out[f"overlays/{overlay}/{patch_file}"] = to_yaml([patch], arm_header)
             patch_files.append(patch_file)
         out[f"overlays/{overlay}/kustomization.yaml"] = to_yaml(
             [overlay_kustomization(patch_files)], header

@@ -132,11 +132,6 @@ def test_draft_rules_by_method() -> None:
     _fails(r"'ngram' takes no draft", speculation={"method": "ngram", "num_speculative_tokens": 4})
 
 
-def test_specserve_has_no_eagle() -> None:
-    _fails(r"specserve's server has no 'eagle3' proposer",
-           speculation={"method": "eagle3", "num_speculative_tokens": 3})  # fmt: skip
-
-
 def test_no_platform() -> None:
     _fails(r"enable at least one of nvidia, neuron, specserve", platforms={})
 
