@@ -10,9 +10,14 @@ would compute, and what the served target computes when the head drafts; recordi
 here saves that second pass over every token.
 
 Output: shards ``gen-NNNN.safetensors`` in the work directory (per sequence ``tokens.<i>``
-int32 ``# [T]`` and ``hidden.<i>`` ``# [T - 1, features]`` in the target's dtype, and the
-prompt length in the metadata), plus ``generation.json`` listing the conversations done; a
-rerun skips those (resume).
+int32 ``# [T]`` and ``hidden.<i>`` ``# [T - 1, features]`` stored as bf16, and the prompt
+length in the metadata), plus ``generation.json`` listing the conversations done; a rerun
+skips those (resume).
+
+Which dtype generates is the caller's choice (``train-draft --dtype``): many rows at once
+(``max_num_seqs`` replies, prompt chunks) are compute bound, where PyTorch's fp32 matmuls
+outrun the bf16 layer kernels made for short decode steps; the hidden states of an fp32
+target differ from a bf16 one's by bf16 rounding, far below what a head learns from.
 """
 
 from __future__ import annotations
@@ -174,7 +179,7 @@ def generate_training_data(
                     Sequence_(
                         out.request_id,
                         torch.tensor(ids),
-                        out.hidden_states.clone(),
+                        out.hidden_states.to(torch.bfloat16),  # a copy, half the size
                         len(prompts[out.request_id]),
                     )
                 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -105,7 +106,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     """
     try:
         blob: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"cannot resume: checkpoint {path} is unreadable ({exc})") from exc
     return blob
 
@@ -153,6 +154,7 @@ def train(
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
+    work.mkdir(parents=True, exist_ok=True)
     ckpt = work / CHECKPOINT
     if resume:
         if not ckpt.is_file():
