@@ -135,7 +135,7 @@ def write_tiny_head(path: Path, seed: int = 0) -> Path:
     vocabulary 1000, draft vocabulary 200), its floating tensors in bf16."""
     import torch
 
-    from specserve.loading.spec_heads import eagle3_head_config, write_head
+    from specserve.loading.head_writer import eagle3_head_config, write_head
     from specserve.models.eagle3 import Eagle3Config, Eagle3Head
 
     cfg = Eagle3Config(

@@ -47,9 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_weight_format_args(
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
-    p.add_argument(
-        "--spec-method", choices=list(SPEC_METHODS), default="none"
-    )
+    p.add_argument("--spec-method", choices=list(SPEC_METHODS), default="none")
     p.add_argument(
         "--draft-model",
         default=None,

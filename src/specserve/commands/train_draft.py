@@ -44,7 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--work", type=Path, help="work directory (default: <output>.work)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--weights", choices=WEIGHT_FORMATS, help="the target's weight format")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="float32",
+        help="the target's compute dtype while generating (float32: PyTorch's matmuls, faster "
+        "for many rows at once on CPU than the bf16 kernels made for decode steps)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=8, help="replies generated at once")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument(

@@ -154,6 +154,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     engine = build_engine_from_models(
         config, target.model, target.tokenizer, draft, target.name, head, head_name
     )
+    if head is not None:
+        engine.model_info.update({"draft_head": head_name, "draft_method": config.spec.method})
+        logger.info("loaded %s head %s", config.spec.method, head_name)
     formats = {"target": config.model.weights, "draft": config.spec.draft_weights}
     for role, model in (("target", target.model), ("draft", draft)):
         if model is None:

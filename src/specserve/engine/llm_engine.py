@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specserve.config import CacheConfig, SchedulerConfig, SpecConfig
+from specserve.engine.admission import check_request
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.model_runner import ForwardRow, ModelRunner
-from specserve.engine.outputs import EngineStats, RequestOutput, SpecRequestSummary, StepStats
+from specserve.engine.outputs import EngineStats, RequestOutput, StepStats
 from specserve.engine.request import Request
 from specserve.engine.scheduler import ScheduledRequest, Scheduler
 from specserve.engine.stats_tracker import StatsTracker
@@ -54,15 +55,6 @@ from specserve.spec_decode.proposer import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def _recorded_hidden(req: Request) -> torch.Tensor | None:
-    """A finished request's recorded hidden states of positions ``0 ..`` (None if the
-    record does not start at 0, e.g. after a prefix-cache hit skipped its prompt's forward)."""
-    start, hidden = req.take_hidden()
-    if start != 0 or hidden is None:
-        return None
-    return hidden[: req.num_tokens - 1]
 
 
 class LLMEngine:
@@ -132,33 +124,16 @@ class LLMEngine:
     # --- requests ----------------------------------------------------------------------------
 
     def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
-        """Check a request before admission; returns its output cap.
+        """Check a request before admission; returns its output cap (``admission.py``).
 
         Raises:
             ValueError: empty prompt, ids outside the vocabulary, prompt too long for the
-                context, or stop strings without a tokenizer.
+                context, stop strings without a tokenizer, or k above the server's k_max.
         """
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("prompt must contain at least one token")
-        vocab = self.model.cfg.vocab_size
-        if any(not (0 <= t < vocab) for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt of {n} tokens leaves no room for output in the "
-                f"{self.max_model_len}-token context"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer, and this engine has none")
-        k = params.num_speculative_tokens
-        if k is not None and k > self.scheduler.max_lookahead:
-            raise ValueError(
-                f"num_speculative_tokens={k} exceeds this server's k_max of "
-                f"{self.scheduler.max_lookahead}"
-                + (" (speculation is off)" if self.scheduler.max_lookahead == 0 else "")
-            )
-        return min(params.max_tokens, self.max_model_len - n)
+        return check_request(
+            prompt_token_ids, params, self.model.cfg.vocab_size, self.max_model_len,
+            has_tokenizer=self.tokenizer is not None, k_max=self.scheduler.max_lookahead,
+        )  # fmt: skip
 
     def add_request(
         self,
@@ -201,7 +176,7 @@ class LLMEngine:
         if req is None or req.is_finished:
             return None
         self._finish(req, "abort")
-        return self._output(req, [], "")
+        return req.output([], "", with_spec=self.spec.enabled)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -403,9 +378,9 @@ class LLMEngine:
             else:
                 self._finish(req, reason)
             delta = req.detokenizer.take_delta(reason is not None) if req.detokenizer else ""
-            out = self._output(req, kept, delta)
+            out = req.output(kept, delta, with_spec=self.spec.enabled)
             if reason is not None and self.recording_hidden:
-                out.hidden_states = _recorded_hidden(req)
+                out.hidden_states = req.recorded_hidden()
             if logprobs is not None:
                 out.logprobs = logprobs[: len(kept)]
             if req.prompt_logprobs is not None and req.num_output_tokens == len(kept):
@@ -421,18 +396,3 @@ class LLMEngine:
             self.k_controller.release(req.request_id)
         self.tracker.record_finished(reason)
         del self.requests[req.request_id]
-
-    def _output(self, req: Request, new_token_ids: list[int], text_delta: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=new_token_ids,
-            text_delta=text_delta,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_generated_tokens=req.num_output_tokens,
-            finished=req.is_finished,
-            finish_reason=req.finish_reason,
-            spec=SpecRequestSummary.from_stats(req.spec_stats) if self.spec.enabled else None,
-            arrival_time=req.arrival_time,
-            first_token_time=req.first_token_time,
-            num_preemptions=req.num_preemptions,
-        )

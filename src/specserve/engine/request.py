@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specserve.engine.detokenizer import IncrementalDetokenizer
+from specserve.engine.outputs import RequestOutput, SpecRequestSummary
 from specserve.sampling.logprobs import TokenLogprob
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.stats import SpecDecodingStats
@@ -98,6 +99,32 @@ class Request:
         self.hidden_parts = []
         self.hidden_start = start + sum(len(h) for h in parts)
         return start, parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def output(
+        self, new_token_ids: list[int], text_delta: str, *, with_spec: bool
+    ) -> RequestOutput:
+        """This request's stream chunk for a step (``with_spec``: carry its acceptance)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=new_token_ids,
+            text_delta=text_delta,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generated_tokens=self.num_output_tokens,
+            finished=self.is_finished,
+            finish_reason=self.finish_reason,
+            spec=SpecRequestSummary.from_stats(self.spec_stats) if with_spec else None,
+            arrival_time=self.arrival_time,
+            first_token_time=self.first_token_time,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def recorded_hidden(self) -> torch.Tensor | None:
+        """A finished request's recorded hidden states of positions ``0 .. num_tokens - 2``
+        (None if the record does not start at 0: a prefix-cache hit skipped its forward)."""
+        start, hidden = self.take_hidden()
+        if start != 0 or hidden is None:
+            return None
+        return hidden[: self.num_tokens - 1]
 
     @property
     def wants_prompt_logits(self) -> bool:

@@ -20,8 +20,9 @@ from specserve.loading.memory import check_fits
 from specserve.loading.tokenizer import Tokenizer
 from specserve.loading.transport import fetch
 from specserve.models.arch import ArchConfig, UnsupportedModelError
-from specserve.models.decoder import DecoderLM, RotaryEmbedding
+from specserve.models.decoder import DecoderLM
 from specserve.models.native import fused_layer
+from specserve.models.norm_rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 

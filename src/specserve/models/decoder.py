@@ -22,6 +22,7 @@ from torch import nn
 
 from specserve.models.arch import ArchConfig
 from specserve.models.cache_tensors import KVCacheTensors
+from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary
 
 # Query rows per sequence up to which a forward is "short" (decode steps, k + 1-token
 # verifies): attention runs row by row, and an installed layer runner takes the forward.
@@ -73,44 +74,6 @@ class AttentionMetadata:
         s = self.context_slots.shape[1]
         key_pos = torch.arange(s, device=self.positions.device)
         return key_pos.view(1, 1, 1, s) <= self.positions.unsqueeze(1).unsqueeze(-1)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 like the reference implementations, then cast back. One
-        # ``rms_norm`` call instead of five elementwise ops: the decode step is dispatch bound.
-        weight: torch.Tensor = self.weight
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """RoPE in the "rotate half" layout used by Hugging Face checkpoints (Su et al., 2021)."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``# [B, T, head_dim]`` for ``positions # [B, T]``."""
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # [B, T, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x # [B, T, H, hd]``, ``cos/sin # [B, T, 1, hd]`` (one head axis, broadcast)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class Attention(nn.Module):

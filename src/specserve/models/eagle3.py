@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.models.decoder import RMSNorm, RotaryEmbedding, apply_rotary
+from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True)

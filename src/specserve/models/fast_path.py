@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from specserve.models.cache_tensors import KVCacheTensors
-from specserve.models.decoder import AttentionMetadata, DecoderLM, RotaryEmbedding
+from specserve.models.decoder import AttentionMetadata, DecoderLM
+from specserve.models.norm_rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 

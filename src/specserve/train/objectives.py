@@ -29,9 +29,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specserve.models.decoder import DecoderLM, apply_rotary
+from specserve.models.decoder import DecoderLM
 from specserve.models.eagle3 import Eagle3Head, Eagle3Layer
 from specserve.models.medusa import MedusaHeads
+from specserve.models.norm_rope import apply_rotary
 
 STEP_WEIGHT = 0.8
 

@@ -26,14 +26,10 @@ from typing import Any
 import torch
 
 from specserve.dtypes import torch_dtype
+from specserve.loading.head_writer import eagle3_head_config, medusa_head_config, write_head
 from specserve.loading.loader import LoadedModel
 from specserve.loading.quant_cache import load_in_format
-from specserve.loading.spec_heads import (
-    default_aux_layer_ids,
-    eagle3_head_config,
-    medusa_head_config,
-    write_head,
-)
+from specserve.loading.spec_heads import default_aux_layer_ids
 from specserve.models.decoder import DecoderLM
 from specserve.models.eagle3 import Eagle3Config, Eagle3Head
 from specserve.models.medusa import MedusaConfig, MedusaHeads
@@ -122,16 +118,16 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     """
     if opts.method not in ("eagle", "medusa"):
         raise ValueError(f"unknown head method {opts.method!r}; known: eagle, medusa")
+    if opts.data is not None:  # bad data is an error before minutes of loading
+        conversations = load_jsonl(opts.data)
+    else:
+        conversations = builtin_conversations(opts.num_prompts, opts.train.seed)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     target = load_in_format(opts.model, opts.weights, torch_dtype(opts.dtype))  # type: ignore[arg-type]
     timings["load_s"] = time.perf_counter() - t0
     arch = target.arch
     layers = recorded_layers(arch.num_layers)
-    if opts.data is not None:
-        conversations = load_jsonl(opts.data)
-    else:
-        conversations = builtin_conversations(opts.num_prompts, opts.train.seed)
     work = opts.work_dir
     if not opts.resume and (work / "generation.json").exists():
         progress(f"generate: reusing the {work} generations (delete it to start over)")

@@ -41,3 +41,34 @@ def test_int8_draft_next_to_an_fp32_target_keeps_the_targets_output(smollm2) -> 
     assert isinstance(draft_down, Int8Linear)
     assert type(target_down) is nn.Linear
     assert engine.spec.draft_weights == "int8"  # type: ignore[attr-defined]
+
+
+def test_head_methods_load_their_head_and_keep_the_bf16_output(smollm2, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A head directory on disk (random EAGLE-3 / Medusa weights shaped for SmolLM2) serves
+    through build_engine; bf16 on the fused path is batch invariant, so greedy output equals
+    plain greedy output exactly."""
+    import torch
+
+    from specserve.loading.head_writer import eagle3_head_config, medusa_head_config, write_head
+    from tests.heads import make_eagle_head, make_medusa_heads
+
+    target = smollm2.model
+    eagle = make_eagle_head(target, draft_vocab_size=4096, aux_layer_ids=(2, 15, 27))
+    write_head(tmp_path / "eagle", eagle3_head_config(eagle.cfg, verifier="smollm2",
+               verifier_arch="LlamaForCausalLM", num_speculative_tokens=3),
+               {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                for k, v in eagle.state_dict().items()})  # fmt: skip
+    medusa = make_medusa_heads(target, num_heads=3)
+    write_head(tmp_path / "medusa", medusa_head_config(medusa.cfg, verifier="smollm2"),
+               dict(medusa.state_dict()))  # fmt: skip
+    prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
+    model = ModelConfig(model="smollm2-135m-instruct", dtype="bfloat16")
+    plain, _ = _greedy(EngineConfig(model=model), prompt)
+    for method in ("eagle", "medusa"):
+        spec = SpecConfig(
+            method=method, draft_model=str(tmp_path / method), num_speculative_tokens=3
+        )  # type: ignore[arg-type]
+        out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
+        assert out == plain, method
+        assert engine.model_info["draft_head"] == str(tmp_path / method)  # type: ignore[attr-defined]
+        assert engine.stats().spec.num_drafts > 0  # type: ignore[attr-defined]

@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from specserve.loading.spec_heads import (
-    eagle3_head_config,
-    load_eagle3,
-    load_medusa,
-    medusa_head_config,
-    read_head_info,
-    write_head,
-)
+from specserve.loading.head_writer import eagle3_head_config, medusa_head_config, write_head
+from specserve.loading.spec_heads import load_eagle3, load_medusa, read_head_info
 from tests.conftest import make_tiny_model
 from tests.heads import make_eagle_head, make_medusa_heads
 

@@ -77,7 +77,16 @@ def test_deploy_reference_spelling_is_accepted() -> None:
     assert ngram.method == "ngram" and ngram.ngram_max == 4
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "mlp_speculator", "mtp"])
+@pytest.mark.parametrize(("method", "ours"), [("eagle3", "eagle"), ("medusa", "medusa")])
+def test_head_methods_take_the_head_directory(method: str, ours: str) -> None:
+    spec = spec_of(json.dumps({"method": method, "model": "/heads/h", "num_speculative_tokens": 4}))
+    assert spec.method == ours and spec.draft_model == "/heads/h"
+    assert spec.num_speculative_tokens == 4
+    with pytest.raises(ValueError, match=f"method '{method}' needs 'model' \\(the head's"):
+        parse_speculative_config(json.dumps({"method": method}))
+
+
+@pytest.mark.parametrize("method", ["eagle", "mlp_speculator", "mtp"])
 def test_unimplemented_methods_are_refused(method: str) -> None:
     with pytest.raises(ValueError, match=f"method '{method}' is not implemented in specserve yet"):
         parse_speculative_config(json.dumps({"method": method, "model": "m"}))
@@ -91,7 +100,8 @@ def test_unimplemented_methods_are_refused(method: str) -> None:
         ({"method": "ngram", "prompt_lookup": 3}, "unknown key 'prompt_lookup'; known keys: "
          + ", ".join(KNOWN_KEYS)),
         ({"method": "ngram", "tensor_parallel_size": 2}, "unknown key 'tensor_parallel_size'"),
-        ({"method": "lookahead"}, "unknown method 'lookahead'; known: draft_model, ngram, suffix"),
+        ({"method": "lookahead"},
+         "unknown method 'lookahead'; known: draft_model, eagle3, medusa, ngram, suffix"),
         ({"num_speculative_tokens": 3}, "needs 'method'"),
         ({"method": "draft_model", "num_speculative_tokens": 3}, "needs 'model'"),
         ({"method": "ngram", "model": "/models/d"}, "method 'ngram' takes none"),

@@ -46,3 +46,26 @@ def test_shipped_draft_size_example_validates() -> None:
     layers = [p for p in cfg.proposers if p.draft_num_layers]
     assert [p.draft_num_layers for p in layers] == [6]
     assert cfg.k == (2, 4)
+
+
+def test_shipped_heads_example_compares_every_mode_at_one_k_grid() -> None:
+    from pathlib import Path
+
+    from specserve.tune.config import load_tune_config
+
+    cfg = load_tune_config(Path(__file__).parents[3] / "examples" / "heads-tune.yaml")
+    assert [p.method for p in cfg.proposers] == ["draft", "eagle", "medusa", "ngram", "suffix"]
+    eagle = next(p for p in cfg.proposers if p.method == "eagle")
+    args = eagle.serve_args(4)
+    assert args[:2] == ["--spec-method", "eagle"]
+    assert args[-2:] == ["--draft-model", "qwen2.5-coder-1.5b-instruct-eagle"]
+    assert max(cfg.k) <= 4  # the Medusa heads draft at most 4 tokens
+
+
+def test_head_methods_need_a_head_and_take_no_draft_options() -> None:
+    with pytest.raises(ValidationError, match="needs a trained head"):
+        ProposerConfig(name="e", method="eagle")
+    with pytest.raises(ValidationError, match="draft settings need a draft method"):
+        ProposerConfig(name="e", method="medusa", draft="h", draft_weights="int4")
+    with pytest.raises(ValidationError, match="takes no draft"):
+        ProposerConfig(name="n", method="ngram", draft="h")
