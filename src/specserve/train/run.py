@@ -1,6 +1,6 @@
 """``specserve train-draft`` end to end: generate, record, train, write the head directory.
 
-Stages, each resumable from the work directory (``<output>.work`` by default):
+Stages, each resumable from the work directory (:attr:`TrainDraftOptions.work_dir`):
 
 1. **Generate** the target's replies at temperature 0 to the training conversations, and
 2. **record** the target's hidden states of every position in the same forwards
@@ -77,7 +77,14 @@ class TrainDraftOptions:
 
     @property
     def work_dir(self) -> Path:
-        return self.work or self.output.with_name(self.output.name + ".work")
+        """Where generations and checkpoints go: by default one folder per target and data
+        beside the output, so an EAGLE-3 and a Medusa head of one target share the
+        generations (checkpoints are per method)."""
+        if self.work is not None:
+            return self.work
+        model = Path(self.model).name.removesuffix(".gguf")
+        data = self.data.stem if self.data is not None else "builtin"
+        return self.output.parent / f".{model}.{data}.work"
 
 
 def _peak_rss_gib() -> float:
@@ -192,6 +199,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     state = train(
         module, loss_fn, train_idx, eval_idx, n_steps, opts.train, work,
         resume=opts.resume, extra=extra, tokens_of=tokens_of, progress=progress,
+        checkpoint_name=f"checkpoint-{opts.method}.pt",
     )  # fmt: skip
     timings["train_s"] = time.perf_counter() - t1
     training = {

@@ -3,7 +3,7 @@
 AdamW on the head's parameters (fp32), sequences in a seeded order each epoch, gradients
 accumulated until ``batch_tokens`` scored tokens, a linear warm-up and cosine decay of the
 learning rate. Every ``checkpoint_every`` optimiser steps (and at the end, and on Ctrl-C) the
-state goes to ``checkpoint.pt`` (written beside it, then renamed over it: a crash or a full
+state goes to the checkpoint file (written beside it, then renamed over it: a crash or a full
 disk mid-write leaves the previous checkpoint whole) together with the held-out accuracy per
 draft position at that point, the *training curve*. ``resume=True`` continues from it: the
 same order, the same position in the epoch, the same optimiser moments.
@@ -140,11 +140,13 @@ def train(
     extra: dict[str, Any],
     tokens_of: Callable[[int], int],
     progress: Callable[[str], None] = print,
+    checkpoint_name: str = CHECKPOINT,
 ) -> TrainState:
     """Train ``module`` (see the module docstring); returns the final state.
 
-    ``extra`` is stored in the checkpoint (the draft vocabulary, the config); on resume the
-    stored one must equal it. ``tokens_of(i)``: the scored tokens of sequence i.
+    ``extra`` is stored in the checkpoint ``work / checkpoint_name`` (the draft vocabulary, the
+    config); on resume the stored one must equal it. ``tokens_of(i)``: the scored tokens of
+    sequence i.
 
     Raises:
         CheckpointError: a checkpoint could not be written, or ``resume`` without a usable
@@ -155,7 +157,7 @@ def train(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = TrainState()
     work.mkdir(parents=True, exist_ok=True)
-    ckpt = work / CHECKPOINT
+    ckpt = work / checkpoint_name
     if resume:
         if not ckpt.is_file():
             raise CheckpointError(f"cannot resume: no checkpoint at {ckpt}")
