@@ -55,7 +55,9 @@ def test_head_speculation_equals_plain(method: str, k: int | None) -> None:
     assert target.capture_layers == engine.proposer.target_hidden_layers  # type: ignore[union-attr]
     assert_equals_plain(engine, target, seed=1)
     stats = engine.stats()
-    assert stats.spec.num_drafts > 0 and stats.spec.num_accepted_tokens > 0
+    assert stats.spec.num_drafts > 0
+    if k is not None:  # (adaptive k soon stops drafting for a random head)
+        assert stats.spec.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
@@ -80,7 +82,7 @@ def test_recorded_hidden_states_equal_one_forward_over_the_sequence() -> None:
     config = EngineConfig(
         model=ModelConfig("tiny"),
         cache=CacheConfig(block_size=4, num_blocks=200, enable_prefix_caching=False),
-        scheduler=SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=8),
+        scheduler=SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=16),
     )
     engine = build_engine_from_models(config, target)
     layers = (1, 0, target.cfg.num_layers)

@@ -240,7 +240,7 @@ def test_decoder_routes_forwards_through_an_installed_layer_runner() -> None:
     model = make_tiny_model("qwen2", **SHAPE)
     calls: list[int] = []
 
-    def eager_runner(m, x, cos, sin, meta, kv):  # type: ignore[no-untyped-def]
+    def eager_runner(m, x, cos, sin, meta, kv, captured=None):  # type: ignore[no-untyped-def]
         calls.append(x.shape[1])
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
         mask = meta.attention_mask()
