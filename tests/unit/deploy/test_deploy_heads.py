@@ -16,9 +16,9 @@ from specserve.commands.serve import engine_config_from_args
 from specserve.config import SPEC_METHODS
 from specserve.deploy.config import DeployConfig, load_deploy_config
 from specserve.deploy.platforms import image_version
-from specserve.deploy.render import render, render_files
-from tests.unit.deploy.deploy_helpers import CONFIGS, REPO, config_dict, kustomize_build
-from tests.unit.deploy.test_deploy_schemas import _base_objects, validate
+from specserve.deploy.render import render_files
+from tests.unit.deploy.deploy_helpers import CONFIGS, REPO, config_dict
+from tests.unit.deploy.test_deploy_schemas import validate_rendered
 
 HEAD = {"name": "my-org/qwen3-8b-eagle3", "path": "heads/qwen3-8b-eagle3"}
 HEAD_MOUNT = "/models/heads/qwen3-8b-eagle3"
@@ -282,15 +282,7 @@ def test_heads_skip_the_tokenizer_check() -> None:
 
 @pytest.mark.parametrize("method", ["eagle3", "medusa"])
 def test_head_manifests_validate(method: str, tmp_path: Path) -> None:
-    cfg = head_config(method)
-    render(cfg, tmp_path)
-    for obj in _base_objects(tmp_path):
-        validate(obj)
-    for overlay in cfg.overlays:
-        built = kustomize_build(tmp_path / "overlays" / overlay)
-        assert built
-        for obj in built:
-            validate(obj)
+    validate_rendered(head_config(method), tmp_path)
 
 
 def test_example_config() -> None:

@@ -58,17 +58,21 @@ def test_demo_overlay_builds_validate(
         validate(obj)
 
 
-@pytest.mark.parametrize("path", REFERENCE_CONFIGS, ids=lambda p: p.stem)
-def test_reference_configs_validate(path: Path, tmp_path: Path) -> None:
-    cfg = load_deploy_config(path)
-    render(cfg, tmp_path)
-    for obj in _base_objects(tmp_path):
+def validate_rendered(cfg: Any, tree: Path) -> None:
+    """Render ``cfg`` into ``tree`` and validate the base and every built overlay."""
+    render(cfg, tree)
+    for obj in _base_objects(tree):
         validate(obj)
     for overlay in cfg.overlays:
-        built = kustomize_build(tmp_path / "overlays" / overlay)
+        built = kustomize_build(tree / "overlays" / overlay)
         assert built
         for obj in built:
             validate(obj)
+
+
+@pytest.mark.parametrize("path", REFERENCE_CONFIGS, ids=lambda p: p.stem)
+def test_reference_configs_validate(path: Path, tmp_path: Path) -> None:
+    validate_rendered(load_deploy_config(path), tmp_path)
 
 
 def test_validators_reject_broken_objects(demo_builds: dict[str, list[dict[str, Any]]]) -> None:
