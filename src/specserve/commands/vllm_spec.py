@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from specserve.config import SpecMethod
+from specserve.config import HEAD_METHODS, SpecMethod
 
 METHODS: dict[str, SpecMethod] = {
     "ngram": "ngram",
@@ -35,8 +35,6 @@ METHODS: dict[str, SpecMethod] = {
     "eagle3": "eagle",
     "medusa": "medusa",
 }
-# Methods whose 'model' is a trained head directory (or a trained head's name).
-HEAD_METHODS = ("eagle3", "medusa")
 # vLLM methods specserve does not have (yet): refused with a clear message.
 NOT_IMPLEMENTED = (
     "eagle",
@@ -149,7 +147,7 @@ def parse_speculative_config(text: str) -> VllmSpeculation:
     if method == "draft":
         if not model:
             raise ValueError("--speculative-config: method draft_model needs 'model' (the draft)")
-    elif method in ("eagle", "medusa"):
+    elif method in HEAD_METHODS:
         if not model:
             raise ValueError(
                 f"--speculative-config: method {config.get('method')!r} needs 'model' (the "
@@ -178,7 +176,7 @@ def parse_speculative_config(text: str) -> VllmSpeculation:
             warnings.append(f"--speculative-config: {key} is ignored ({why})")
     return VllmSpeculation(
         method=method,
-        draft_model=model if method in ("draft", "eagle", "medusa") else None,
+        draft_model=model if method == "draft" or method in HEAD_METHODS else None,
         num_speculative_tokens=_int(config, "num_speculative_tokens", 1, MAX_K),
         ngram_min=lo,
         ngram_max=hi,

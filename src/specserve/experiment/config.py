@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specserve.bench.inputs import ClosedLoop, LlmperfConfig, LoadShape, OpenLoop
 from specserve.bench.pricing import Pricing, resolve_pricing
-from specserve.config import WeightFormat
+from specserve.config import HEAD_METHODS, WeightFormat
 from specserve.quality.config import QualityConfig
 from specserve.yaml_config import load_yaml_model
 
@@ -82,7 +82,7 @@ class ServersConfig(BaseModel):
         if isinstance(k, int) and not 1 <= k <= 32:
             raise ValueError(f"num_speculative_tokens must be in [1, 32] or 'auto', got {k}")
         uses_draft = self.method in ("draft", "hybrid")
-        uses_head = self.method in ("eagle", "medusa")
+        uses_head = self.method in HEAD_METHODS
         if uses_draft and self.draft is None:
             object.__setattr__(self, "draft", DEFAULT_DRAFT)
         if uses_head and self.draft is None:

@@ -43,7 +43,6 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # What specserve records about how a head was made (method, target, data, command).
 TRAINING_FILE = "training.json"
-HEAD_METHODS = ("eagle", "medusa")
 
 
 class HeadMismatchError(ValueError):

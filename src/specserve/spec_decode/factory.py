@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from specserve.config import HEAD_METHODS
 from specserve.models.decoder import DecoderLM
 from specserve.models.eagle3 import Eagle3Head
 from specserve.models.medusa import MedusaHeads
@@ -23,7 +24,6 @@ from specserve.spec_decode.suffix import SuffixProposer
 DRAFT_MODEL_METHODS = ("draft", "hybrid")
 # Methods that draft with a trained head over the target's hidden states (``target`` and
 # ``head``).
-HEAD_METHODS = ("eagle", "medusa")
 METHODS = ("ngram", "suffix", *DRAFT_MODEL_METHODS, *HEAD_METHODS)
 
 

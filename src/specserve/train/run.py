@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from specserve.config import HEAD_METHODS
 from specserve.dtypes import torch_dtype
 from specserve.loading.head_writer import eagle3_head_config, medusa_head_config, write_head
 from specserve.loading.loader import LoadedModel
@@ -123,8 +124,8 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         ValueError / OSError: bad options, an unloadable target, an unwritable output.
         KeyboardInterrupt: after the last finished stage or checkpoint was saved.
     """
-    if opts.method not in ("eagle", "medusa"):
-        raise ValueError(f"unknown head method {opts.method!r}; known: eagle, medusa")
+    if opts.method not in HEAD_METHODS:
+        raise ValueError(f"unknown head method {opts.method!r}; known: {', '.join(HEAD_METHODS)}")
     if opts.data is not None:  # bad data is an error before minutes of loading
         conversations = load_jsonl(opts.data)
     else:

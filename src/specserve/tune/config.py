@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.config import WeightFormat
+from specserve.config import HEAD_METHODS, WeightFormat
 from specserve.experiment.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.yaml_config import load_yaml_model
 
@@ -41,7 +41,7 @@ class ProposerConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ProposerConfig:
         uses_draft = self.method in ("draft", "hybrid")
-        uses_head = self.method in ("eagle", "medusa")
+        uses_head = self.method in HEAD_METHODS
         if uses_draft and not self.draft:
             raise ValueError(f"proposer {self.name!r}: method {self.method!r} needs a draft model")
         if uses_head and not self.draft:
