@@ -35,13 +35,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="training JSONL: {prompt}, {messages} (OpenAI chat) or {conversations} (ShareGPT) "
         "per line; default: prompts built from the Python standard library's sources",
     )
-    p.add_argument("--num-prompts", type=int, default=160, help="built-in prompts to use")
+    p.add_argument("--num-prompts", type=int, default=64, help="built-in prompts to use")
     p.add_argument("--max-tokens", type=int, default=160, help="longest generated reply")
     p.add_argument("--output", type=Path, help="head directory to write")
     p.add_argument(
         "--name", help="keep the head under this name in the cache (default: <model>-<method>)"
     )
-    p.add_argument("--work", type=Path, help="work directory (default: <output>.work)")
+    p.add_argument(
+        "--work", type=Path, help="work directory (default: .<model>.<data>.work beside the head)"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--weights", choices=WEIGHT_FORMATS, help="the target's weight format")
     p.add_argument(
@@ -51,17 +53,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the target's compute dtype while generating (float32: PyTorch's matmuls, faster "
         "for many rows at once on CPU than the bf16 kernels made for decode steps)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=8, help="replies generated at once")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="replies generated at once")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument(
         "--lr",
         type=float,
         default=None,
-        help="peak learning rate (default 3e-4 for eagle, 1e-3 for medusa)",
+        help="peak learning rate (default 5e-4 for eagle, 1e-3 for medusa)",
     )
-    p.add_argument("--batch-tokens", type=int, default=2048, help="scored tokens per step")
-    p.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
-    p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
+    p.add_argument("--batch-tokens", type=int, default=512, help="scored tokens per step")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    p.add_argument("--ttt-steps", type=int, default=2, help="EAGLE-3 training-time-test steps")
     p.add_argument("--draft-vocab-size", type=int, default=32000, help="EAGLE-3 draft vocabulary")
     p.add_argument("--medusa-heads", type=int, default=4)
     p.add_argument("--medusa-layers", type=int, default=1, help="residual blocks per head")
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give --output or --name, not both")
         name = args.name or f"{Path(args.model).name.removesuffix('.gguf')}-{args.method}"
         output = args.output or heads_dir() / name
-        lr = args.lr if args.lr is not None else (3e-4 if args.method == "eagle" else 1e-3)
+        lr = args.lr if args.lr is not None else (5e-4 if args.method == "eagle" else 1e-3)
         opts = TrainDraftOptions(
             model=args.model,
             method=args.method,

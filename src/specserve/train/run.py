@@ -61,15 +61,15 @@ class TrainDraftOptions:
     method: str
     output: Path
     data: Path | None = None
-    num_prompts: int = 160
+    num_prompts: int = 64
     max_tokens: int = 160
     weights: str | None = None
-    dtype: str = "bfloat16"
+    dtype: str = "float32"
     work: Path | None = None
     resume: bool = False
-    max_num_seqs: int = 8
+    max_num_seqs: int = 32
     draft_vocab_size: int = 32000
-    ttt_steps: int = 3
+    ttt_steps: int = 2
     medusa_heads: int = 4
     medusa_layers: int = 1
     num_speculative_tokens: int = 5

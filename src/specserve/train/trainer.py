@@ -47,11 +47,11 @@ class TrainConfig:
     """
 
     epochs: int = 2
-    lr: float = 3e-4
-    batch_tokens: int = 2048
+    lr: float = 5e-4
+    batch_tokens: int = 512
     warmup_steps: int = 10
     weight_decay: float = 0.0
-    checkpoint_every: int = 20
+    checkpoint_every: int = 10
     seed: int = 0
 
     def __post_init__(self) -> None:
