@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 DType = Literal["float32", "bfloat16", "float16"]
-WeightFormat = Literal["fp32", "bf16", "int8", "int4"]
+WeightFormat = Literal["fp32", "bf16", "int8", "int4", "gguf"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = get_args(WeightFormat)
 SpecMethod = Literal["none", "draft", "ngram", "suffix", "hybrid", "eagle", "medusa"]
 SPEC_METHODS: tuple[SpecMethod, ...] = (
@@ -21,7 +21,7 @@ SPEC_METHODS: tuple[SpecMethod, ...] = (
 HEAD_METHODS: tuple[SpecMethod, ...] = ("eagle", "medusa")
 
 
-QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4")
+QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4", "gguf")
 
 
 def resolve_dtype(

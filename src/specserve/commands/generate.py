@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specserve.commands.serve import add_weight_format_args, parse_k
+from specserve.commands.serve import add_weight_format_args, default_weights, parse_k
 from specserve.config import SPEC_METHODS, SpecConfig, resolve_dtype
 from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default="auto",
-        help="compute dtype; auto: bfloat16 for int8/int4 or bf16 weights (the native CPU "
+        help="compute dtype; auto: bfloat16 for int8/int4/gguf or bf16 weights (the native CPU "
         "kernels' dtype), else float32",
     )
     add_weight_format_args(
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             k_max=max(args.k_max, args.num_speculative_tokens or 1),
             draft_weights=args.draft_weights,
         )
+        if args.weights is None:
+            args.weights = default_weights(args.model, "cpu", args.dtype)
         dtype_name, warning = resolve_dtype(args.dtype, args.weights, args.draft_weights)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

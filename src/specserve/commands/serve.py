@@ -26,6 +26,7 @@ from specserve.config import (
     SchedulerConfig,
     SpecConfig,
     SpecMethod,
+    WeightFormat,
     resolve_dtype,
 )
 
@@ -77,12 +78,26 @@ def parse_k(text: str) -> int | None:
 
 def add_weight_format_args(p: argparse.ArgumentParser, weights_help: str) -> None:
     """``--weights`` (the target's format) and ``--draft-weights`` (the draft's own)."""
-    p.add_argument("--weights", choices=WEIGHT_FORMATS, help=weights_help)
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        help=f"{weights_help}; gguf: a quantised GGUF file's blocks computed as stored, the "
+        "default for one on CPU unless --dtype is float32/float16",
+    )
     p.add_argument(
         "--draft-weights",
         choices=WEIGHT_FORMATS,
-        help="the draft's weight format (default: --weights); e.g. int4 next to a bf16 target",
+        help="the draft's weight format (default: --weights; with gguf, the draft's own "
+        "default); e.g. int4 next to a bf16 target",
     )
+
+
+def default_weights(model: str, device: str, dtype: str | None) -> WeightFormat | None:
+    """The target's format when ``--weights`` is not given (``gguf`` for a quantised GGUF
+    file on CPU, see ``loading/gguf_stored.default_format``)."""
+    from specserve.loading.gguf_stored import default_format  # heavy: only when it runs
+
+    return default_format(model, device, dtype)
 
 
 def register(subparsers: Any) -> None:
@@ -131,8 +146,8 @@ def register(subparsers: Any) -> None:
         "--dtype",
         choices=["auto", "float32", "bfloat16", "float16"],
         default="auto",
-        help="compute dtype; auto: bfloat16 for int8/int4 or bf16 weights on CPU (the native "
-        "kernels' dtype), else float32",
+        help="compute dtype; auto: bfloat16 for int8/int4/gguf or bf16 weights on CPU (the "
+        "native kernels' dtype), else float32",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens")
@@ -151,7 +166,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     add_weight_format_args(
-        p, "weight format (int8/int4: weight-only, quantised once and cached); default: dtype"
+        p,
+        "weight format (int8/int4: weight-only, quantised once and cached); default: gguf "
+        "or the dtype's float weights",
     )
     p.add_argument(
         "--speculative-disable-by-batch-size",
@@ -212,6 +229,8 @@ def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The engine configuration an argument namespace asks for (ValueError if invalid)."""
+    if args.weights is None:
+        args.weights = default_weights(args.model, args.device, args.dtype)
     dtype, warning = resolve_dtype(args.dtype, args.weights, args.draft_weights, args.device)
     if warning:
         logger.warning("%s", warning)

@@ -10,6 +10,7 @@ import torch
 from specserve.config import EngineConfig, SchedulerConfig, SpecConfig
 from specserve.dtypes import torch_dtype
 from specserve.engine.llm_engine import LLMEngine
+from specserve.loading.gguf_stored import draft_format
 from specserve.loading.quant_cache import load_in_format
 from specserve.loading.spec_heads import (
     HeadMismatchError,
@@ -133,9 +134,16 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     dtype, device = torch_dtype(config.model.dtype), config.model.device
     target = load_in_format(config.model.model, config.model.weights, dtype, device)
     draft = None
+    draft_weights = None
     if config.spec.uses_draft_model and config.spec.enabled:
         assert config.spec.draft_model is not None
-        draft_weights = config.spec.draft_weights or config.model.weights
+        draft_weights = draft_format(
+            config.spec.draft_weights,
+            config.model.weights,
+            config.spec.draft_model,
+            device,
+            config.model.dtype,
+        )
         draft_lm = load_in_format(config.spec.draft_model, draft_weights, dtype, device)
         check_vocab_compatible(
             target.arch.vocab_size,
@@ -157,12 +165,12 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if head is not None:
         engine.model_info.update({"draft_head": head_name, "draft_method": config.spec.method})
         logger.info("loaded %s head %s", config.spec.method, head_name)
-    formats = {"target": config.model.weights, "draft": config.spec.draft_weights}
+    formats = {"target": config.model.weights, "draft": draft_weights}
     for role, model in (("target", target.model), ("draft", draft)):
         if model is None:
             continue
         info = {
-            "weights": formats[role] or config.model.weights or config.model.dtype,
+            "weights": formats[role] or config.model.dtype,
             "dtype": str(model.dtype).removeprefix("torch."),
             "decode_path": fused_layer.describe(model),
         }

@@ -146,7 +146,7 @@ def _gguf_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer.from_gguf(gguf.tokenizer_data())
 
 
-def _resolve(name: str) -> tuple[str, Path]:
+def resolve_source(name: str) -> tuple[str, Path]:
     """Where a model spec points: (``gguf`` | ``hf``, path); catalog models are fetched and
     repo ids downloaded here."""
     if name in CATALOG:
@@ -173,7 +173,7 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     Raises:
         the errors of :func:`load_model` that concern finding and reading the model.
     """
-    kind, path = _resolve(str(spec))
+    kind, path = resolve_source(str(spec))
     return _gguf_tokenizer(path) if kind == "gguf" else hf_tokenizer(path)
 
 
@@ -196,7 +196,7 @@ def load_model(
     dev = torch.device(device)
     weight_cache.dtype_name(dtype)  # validates the dtype early
     name = str(spec)
-    kind, path = _resolve(name)
+    kind, path = resolve_source(name)
     if kind == "gguf":
         return _load_gguf(path, name, dtype, dev)
     return _load_hf_dir(path, name, dtype, dev)

@@ -1,5 +1,8 @@
-"""Load a model in a chosen weight format (``fp32``/``bf16``/``int8``/``int4``), caching the
-quantised tensors on disk so that the second start skips quantisation.
+"""Load a model in a chosen weight format (``fp32``/``bf16``/``int8``/``int4``/``gguf``),
+caching the quantised tensors on disk so that the second start skips quantisation.
+
+``gguf`` is not a quantisation: it keeps a GGUF file's block codes and scales as stored
+(``loading/gguf_stored.py``, ``models/quant/stored.py``); the cache then saves decoding them.
 
 Layout: ``$SPECSERVE_CACHE_DIR/quant/<stem>-<key>.<format>[-g<group>].safetensors`` holding
 the portable tensors of ``models/quant/quantize.py``. ``key`` hashes the model source's resolved
@@ -27,9 +30,11 @@ from safetensors.torch import save_file
 
 from specserve.config import WeightFormat
 from specserve.dtypes import FLOAT_WEIGHT_FORMATS
+from specserve.loading import gguf_stored
 from specserve.loading.loader import LoadedModel, load_model
 from specserve.models.quant.int4_weight import DEFAULT_GROUP_SIZE
 from specserve.models.quant.quantize import QUANT_FORMATS, apply_quantized, quantize_weights
+from specserve.models.quant.stored import apply_stored
 from specserve.paths import cache_root
 
 logger = logging.getLogger(__name__)
@@ -38,8 +43,8 @@ CACHE_VERSION = 1
 
 
 def compute_dtype_for(weights: WeightFormat, dtype: torch.dtype | None) -> torch.dtype:
-    """The activation dtype: fp32/bf16 formats fix it; int8/int4 default to bf16 (the CPU
-    packed kernels are fast for bf16 activations, far slower for fp32)."""
+    """The activation dtype: fp32/bf16 formats fix it; int8/int4/gguf default to bf16 (the
+    CPU packed kernels are fast for bf16 activations, far slower for fp32)."""
     if weights in FLOAT_WEIGHT_FORMATS:
         want = FLOAT_WEIGHT_FORMATS[weights]
         if dtype is not None and dtype != want:
@@ -137,14 +142,16 @@ def load_model_with_weights(
 
     Args:
         spec: catalog name, ``.gguf`` file, HF directory or repo id (see ``load_model``).
-        weights: ``fp32``/``bf16`` (plain float weights) or ``int8``/``int4`` (weight-only).
-        dtype: activation dtype; None picks the format's (bf16 for int8/int4).
+        weights: ``fp32``/``bf16`` (plain float weights), ``int8``/``int4`` (weight-only) or
+            ``gguf`` (a quantised GGUF file's codes as stored).
+        dtype: activation dtype; None picks the format's (bf16 for int8/int4/gguf).
         device: torch device.
         group_size: int4 group size (input channels per scale).
         use_cache: read/write the quantised tensors under ``$SPECSERVE_CACHE_DIR/quant``.
         cache_dir: another directory for them.
     Raises:
-        ValueError: unknown format, or a dtype that contradicts a float format.
+        ValueError: unknown format, a dtype that contradicts a float format, or ``gguf`` for
+            a model that is not a quantised GGUF file.
     """
     if weights not in get_args(WeightFormat):
         raise ValueError(f"unknown weight format {weights!r}; choose from {get_args(WeightFormat)}")
@@ -152,6 +159,8 @@ def load_model_with_weights(
     lm = load_model(spec, dtype=compute, device=device)
     if weights in FLOAT_WEIGHT_FORMATS:
         return lm
+    if weights == gguf_stored.FORMAT:
+        return _load_stored(lm, use_cache, cache_dir)
     assert weights in QUANT_FORMATS
     _fix_malloc_mmap_threshold()
     path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
@@ -167,6 +176,30 @@ def load_model_with_weights(
             logger.info("cached %s weights of %s in %s", weights, lm.name, path)
     apply_quantized(lm.model, weights, state, group_size)  # type: ignore[arg-type]
     logger.info("%s ready as %s in %.1f s", lm.name, weights, time.perf_counter() - t0)
+    return lm
+
+
+def _load_stored(lm: LoadedModel, use_cache: bool, cache_dir: Path | None) -> LoadedModel:
+    if not gguf_stored.is_quantised_gguf(lm.source):
+        raise ValueError(
+            f"--weights gguf computes a quantised GGUF file's blocks as stored, but "
+            f"{lm.name} comes from {lm.source.name}, which is not one; use int4/int8 "
+            "(quantised here) or bf16"
+        )
+    _fix_malloc_mmap_threshold()
+    path = quant_cache_file(lm.source, "gguf", 0, cache_dir) if use_cache else None
+    t0 = time.perf_counter()
+    state: Mapping[str, torch.Tensor]
+    if path is not None and path.is_file():
+        state = _LazyTensors(path)
+        logger.info("read the stored GGUF blocks of %s from %s", lm.name, path)
+    else:
+        state = gguf_stored.stored_state(lm.source, lm.arch)
+        if path is not None:
+            _save_atomic(path, state)
+            logger.info("cached the stored GGUF blocks of %s in %s", lm.name, path)
+    apply_stored(lm.model, state)
+    logger.info("%s ready as gguf in %.1f s", lm.name, time.perf_counter() - t0)
     return lm
 
 

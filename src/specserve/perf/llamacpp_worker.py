@@ -2,13 +2,16 @@
 
 Standalone on purpose (stdlib + ``llama_cpp`` only): ``llama-cpp-python`` usually lives in a
 virtual environment of its own. Input: one JSON argument ``{"gguf", "prompts" (token id
-lists), "max_tokens", "threads", "modes", "num_pred_tokens", "eos"}``. Output: one JSON line
-per (mode, prompt) on stdout with the generated ids and timings.
+lists), "max_tokens", "threads", "modes", "num_pred_tokens", "eos", "loglik_ids" (optional: a
+token id list)}``. Output: one JSON line per (mode, prompt) on stdout with the generated ids
+and timings, and with ``loglik_ids`` one line ``{"loglik": mean log-probability per token of
+ids[1:] given the preceding ones}``, computed from llama.cpp's logits of the file as stored.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +31,8 @@ def main() -> int:
         print(json.dumps({"error": f"llama_cpp is not importable here: {e}"}), flush=True)
         return 2
     eos = set(args["eos"])
+    if args.get("loglik_ids"):
+        print(json.dumps({"loglik": _loglik(Llama, args)}), flush=True)
     for mode in args["modes"]:
         kwargs = {}
         if mode == "prompt_lookup":
@@ -62,6 +67,29 @@ def main() -> int:
             )
         del llm
     return 0
+
+
+def _loglik(llama_class, args) -> float:  # type: ignore[no-untyped-def]
+    """Mean log p(ids[t] | ids[:t]) over t >= 1, from one evaluation with every row's logits."""
+    ids = args["loglik_ids"]
+    llm = llama_class(
+        model_path=args["gguf"],
+        n_ctx=max(2048, len(ids) + 8),
+        n_batch=512,
+        n_threads=args["threads"],
+        n_threads_batch=args["threads"],
+        logits_all=True,
+        verbose=False,
+    )
+    llm.eval(ids[:-1])
+    total = 0.0
+    for t in range(len(ids) - 1):
+        row = llm.scores[t]
+        peak = max(row)
+        log_z = peak + math.log(sum(math.exp(v - peak) for v in row))
+        total += float(row[ids[t + 1]]) - log_z
+    del llm
+    return total / (len(ids) - 1)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     eos: tuple[int, ...] = ()
     hf_pair = None
     loglik: dict[str, float] = {}
+    held_out_ids: list[int] = []
     for i, fmt in enumerate(formats):
         t0 = time.perf_counter()
         target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
         plain = run_specserve_plain(f"specserve {fmt} plain", tm, prompts, params, eos)
         plain_by_fmt[fmt] = plain
         results.append(plain)
-        text_ids = target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False)
-        loglik[fmt] = mean_log_likelihood(tm, list(text_ids))
+        held_out_ids = list(target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False))
+        loglik[fmt] = mean_log_likelihood(tm, held_out_ids)
         if i == 0:
             print(
                 f"peak RSS after loading target+draft ({fmt}) and decoding: "
@@ -160,7 +161,16 @@ def run(args: argparse.Namespace) -> int:
     bandwidth.append(measure_bandwidth_gbs())
     if "llamacpp" in arms_wanted:
         gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
-        results += run_llamacpp(args.llama_python, gguf, prompts, args.max_tokens, eos, threads)
+        results += run_llamacpp(
+            args.llama_python,
+            gguf,
+            prompts,
+            args.max_tokens,
+            eos,
+            threads,
+            loglik_ids=held_out_ids,
+            loglik=loglik,
+        )
         bandwidth.append(measure_bandwidth_gbs())
     if "vllm" in arms_wanted:
         results += run_vllm(
@@ -187,14 +197,22 @@ def run(args: argparse.Namespace) -> int:
     print_table(results, names, [p.category for p in chosen], bw, plain_by_fmt)
     if "bf16" in plain_by_fmt:
         print_quality(quality_vs(plain_by_fmt, "bf16"), results)
-    print(
-        "mean log-likelihood per token of the held-out text: "
-        + ", ".join(
-            f"{f} {v:.4f}" + (f" (Δ {v - loglik['bf16']:+.4f})" if "bf16" in loglik else "")
-            for f, v in loglik.items()
-        )
-    )
+    print_loglik(loglik)
     return 0
+
+
+def print_loglik(loglik: dict[str, float]) -> None:
+    """Mean log-likelihood per token of the held-out text per format (and llama.cpp's),
+    beside the reference: fp32 (the GGUF dequantised in fp32) if it ran, else bf16."""
+    ref = "fp32" if "fp32" in loglik else "bf16" if "bf16" in loglik else None
+    parts = []
+    for name, value in loglik.items():
+        if ref is None or name == ref:
+            parts.append(f"{name} {value:.4f}")
+            continue
+        rel = (value - loglik[ref]) / abs(loglik[ref]) if loglik[ref] else 0.0
+        parts.append(f"{name} {value:.4f} (Δ {value - loglik[ref]:+.4f}, {rel:+.3%} vs {ref})")
+    print("mean log-likelihood per token of the held-out text: " + ", ".join(parts))
 
 
 class _ProgressList(list[ArmResult]):

@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--weights",
         default="bf16,int8,int4",
-        help="comma list of specserve weight formats (fp32, bf16, int8, int4)",
+        help="comma list of specserve weight formats (fp32, bf16, int8, int4, gguf: the GGUF "
+        "blocks as stored; fp32 is the dequantised reference of the log-likelihoods)",
     )
     p.add_argument("--prompts", default="palindrome,cat", help=f"comma list of {prompt_ids}")
     p.add_argument("--max-tokens", type=int, default=96)

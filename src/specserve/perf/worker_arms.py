@@ -76,8 +76,12 @@ def run_llamacpp(
     eos: tuple[int, ...],
     threads: int,
     num_pred_tokens: int = 10,
+    loglik_ids: list[int] | None = None,
+    loglik: dict[str, float] | None = None,
 ) -> list[ArmResult]:
-    """llama.cpp plain and prompt-lookup arms, in a child process of ``python``."""
+    """llama.cpp plain and prompt-lookup arms, in a child process of ``python``; with
+    ``loglik_ids``, also the mean log-likelihood of those tokens, stored in
+    ``loglik["llama.cpp"]``."""
     modes = ["plain", "prompt_lookup"]
     arms = {m: ArmResult(f"llama.cpp {gguf.name.split('-')[-1][:-5]} {m}") for m in modes}
     args = {
@@ -88,6 +92,7 @@ def run_llamacpp(
         "modes": modes,
         "num_pred_tokens": num_pred_tokens,
         "eos": list(eos),
+        "loglik_ids": loglik_ids or [],
     }
     records, error = _run_worker(python, "llamacpp_worker.py", args)
     if error is not None:
@@ -95,6 +100,10 @@ def run_llamacpp(
             error = error.replace("llamacpp_worker", "llama.cpp worker", 1)
         return [ArmResult(a.name, error=error) for a in arms.values()]
     for rec in records:
+        if "loglik" in rec:
+            if loglik is not None:
+                loglik["llama.cpp"] = float(rec["loglik"])
+            continue
         _add_record(arms[rec["mode"]], rec)
     arms["plain"].bytes_per_token = gguf.stat().st_size  # tied embedding: all of it is read
     return list(arms.values())

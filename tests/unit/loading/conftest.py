@@ -111,8 +111,11 @@ def write_gguf(
     arch_name: str | None = None,
     metadata_overrides: dict[str, Any] | None = None,
     raw_tensor: tuple[str, GGMLQuantizationType] | None = None,
+    tensor_types: dict[str, GGMLQuantizationType] | None = None,
 ) -> Path:
-    """Write ``hf_model`` as a llama.cpp-style GGUF: 2-D weights in ``qtype``, norms in F32."""
+    """Write ``hf_model`` as a llama.cpp-style GGUF: 2-D weights in ``qtype``, norms in F32;
+    ``tensor_types`` maps a GGUF name suffix (``attn_v.weight``) to another type for those
+    tensors, as llama.cpp's mixes (Q4_K_M) do."""
     cfg = hf_model.config
     arch = arch_name or family
     w = GGUFWriter(str(path), arch)
@@ -160,7 +163,10 @@ def write_gguf(
             raw = np.zeros((arr.shape[0], arr.shape[1] // block * size), dtype=np.uint8)
             w.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=raw_tensor[1])
         elif arr.ndim == 2 and qtype != GGMLQuantizationType.F32:
-            w.add_tensor(gname, quantize(arr, qtype), raw_dtype=qtype)
+            own = next(
+                (t for suffix, t in (tensor_types or {}).items() if gname.endswith(suffix)), qtype
+            )
+            w.add_tensor(gname, quantize(arr, own), raw_dtype=own)
         else:
             w.add_tensor(gname, arr)
     w.write_header_to_file()

@@ -1,14 +1,15 @@
 """Build and load specserve's native CPU op library (``csrc/``) on first use.
 
-``torch.utils.cpp_extension.load`` compiles the sources — the int4 and bf16 matmuls, the fused
-decoder layers and the AVX2 helpers they share — (``-O3 -march=native``, against torch's C++
-headers: a few seconds) into ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``.
+``torch.utils.cpp_extension.load`` compiles the sources — the int4, int8-group and bf16
+matmuls, the fused decoder layers and the AVX2 helpers they share — (``-O3 -march=native``,
+against torch's C++ headers: a few seconds) into
+``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``.
 The key hashes the sources and headers, the flags, the torch and Python versions and this CPU's
 model and flags, so a cache shared between machines never loads a library built for another
 CPU; later processes only load it. The ops register as ``torch.ops.specserve.*``; their
 shape-only fakes let ``torch.compile`` trace through them. What the ops compute, and when they
-are used, is in ``int4_native.py``, ``bf16_native.py`` and ``fused_layer.py``. Every op needs
-AVX2, FMA and F16C (:data:`REQUIRED_CPU_FLAGS`).
+are used, is in ``int4_native.py``, ``int8_native.py``, ``bf16_native.py`` and
+``fused_layer.py``. Every op needs AVX2, FMA and F16C (:data:`REQUIRED_CPU_FLAGS`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ from specserve.paths import cache_root
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-# One library: the int4 and bf16 matmuls, and the fused decoder layers
+# One library: the int4, int8-group and bf16 matmuls, and the fused decoder layers
 # (models/native/fused_layer.py) that call them.
-SOURCES = (CSRC / "int4_gemv.cpp", CSRC / "bf16_gemm.cpp", CSRC / "decoder_layer.cpp")
-HEADERS = (CSRC / "int4_gemv.h", CSRC / "bf16_gemm.h", CSRC / "simd.h")
+SOURCES = (
+    CSRC / "int4_gemv.cpp",
+    CSRC / "int8_gemv.cpp",
+    CSRC / "bf16_gemm.cpp",
+    CSRC / "decoder_layer.cpp",
+)
+HEADERS = (CSRC / "int4_gemv.h", CSRC / "int8_gemv.h", CSRC / "bf16_gemm.h", CSRC / "simd.h")
+# The library's matmul ops (all registered once it is loaded).
+GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")
 # -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
 # written in every instantiation (batch invariance).
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
@@ -89,7 +97,7 @@ def _ensure_ninja() -> None:
 
 def op_loaded() -> bool:
     try:
-        return hasattr(torch.ops.specserve, "int4_gemm")
+        return all(hasattr(torch.ops.specserve, name) for name in GEMM_OPS)
     except (AttributeError, RuntimeError):
         return False
 
@@ -158,6 +166,7 @@ def register_fakes() -> None:
 
     for name, fake in (
         ("int4_gemm", gemm),
+        ("int8_gemm", gemm),
         ("bf16_gemm", bf16_gemm),
         ("int4_decoder_layer", decoder_layer),
         ("bf16_decoder_layer", decoder_layer),

@@ -6,8 +6,9 @@ residuals), which cost another 10-15 ms at the 1.5B's size. A native op
 (``csrc/decoder_layer.cpp``) runs a whole layer in one call on reused buffers, in one of two
 forms:
 
-- ``int4_decoder_layer`` for models quantised to int4 whose projections all run on the native
-  int4 kernel (models/native/int4_native.py);
+- ``int4_decoder_layer`` for quantised models whose projections all run on the native int4
+  kernel (models/native/int4_native.py) or the native int8-group kernel
+  (models/native/int8_native.py), in any mix (``Int4Linear`` / ``Int8GroupLinear``);
 - ``bf16_decoder_layer`` for unquantised bf16 models, on the model's own weights through the
   native bf16 kernel (models/native/bf16_native.py). Such a model also gets the native LM
   head (``DecoderLM.logits_runner``).
@@ -36,14 +37,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import cast
 
 import torch
 
 from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLayer, DecoderLM
-from specserve.models.native import bf16_native, int4_native
+from specserve.models.native import bf16_native, int4_native, int8_native
 from specserve.models.native.env_switch import switched_off
+from specserve.models.quant.int8_group import Int8GroupLinear
 from specserve.models.quant.layers import Int4Linear
 
 logger = logging.getLogger(__name__)
@@ -67,11 +70,17 @@ def _layers(model: DecoderLM) -> list[DecoderLayer]:
     return [cast("DecoderLayer", layer) for layer in model.model.layers]
 
 
+_QUANT_LINEARS = (Int4Linear, Int8GroupLinear)
+_Kernel = ModuleType  # int4_native, int8_native, bf16_native: available(), unavailable_reason()
+
+
 def _native_args(linear: object, what: str) -> tuple[object, ...]:
-    if not isinstance(linear, Int4Linear) or linear.native is None:
-        raise _NotFusable(f"{what} is not on the native int4 kernel")
+    """``(qweight, scales, row_scale, group_size)`` of a projection on a native kernel (the
+    op tells the int4 and int8-group layouts apart by the qweight's dtype)."""
+    if not isinstance(linear, _QUANT_LINEARS) or linear.native is None:
+        raise _NotFusable(f"{what} is not on the native int4 or int8-group kernel")
     p = linear.native
-    return (p.qweight, p.scales, p.row_scale)
+    return (p.qweight, p.scales, p.row_scale, linear.group_size)
 
 
 class _NotFusable(Exception):
@@ -97,11 +106,11 @@ def _norms(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor, tuple[torch
 def _int4_layer(layer: DecoderLayer) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
-    qkv_args = _native_args(qkv, "qkv_proj")
+    *qkv_args, qkv_group = _native_args(qkv, "qkv_proj")
     o_args = _native_args(attn.o_proj, "o_proj")
     gu_args = _native_args(gate_up, "gate_up_proj")
     down_args = _native_args(mlp.down_proj, "down_proj")
-    assert isinstance(qkv, Int4Linear) and isinstance(gate_up, Int4Linear)
+    assert isinstance(qkv, _QUANT_LINEARS)
     bias = qkv.bias if qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
     input_norm, post_norm, qk_norms = _norms(layer)
     args = (
@@ -109,14 +118,11 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         *qkv_args,
         bias.contiguous(),
         *qk_norms,
-        qkv.group_size,
+        qkv_group,
         *o_args,
-        attn.o_proj.group_size,  # type: ignore[union-attr]
         post_norm,
         *gu_args,
-        gate_up.group_size,
         *down_args,
-        mlp.down_proj.group_size,  # type: ignore[union-attr]
         attn.num_heads,
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
@@ -176,14 +182,29 @@ def _plan(model: DecoderLM) -> list[LayerWeights] | str:
         return f"head_dim {cfg.head_dim} / hidden {cfg.hidden_size} not multiples of 16"
     layers = _layers(model)
     quantised = layers[0].self_attn.qkv_proj is not None
-    kernel = int4_native if quantised else bf16_native
-    if not kernel.available():
-        name = "int4" if quantised else "bf16"
-        return f"native {name} kernel unavailable: {kernel.unavailable_reason()}"
+    kernels = _quant_kernels(layers) if quantised else {"bf16": bf16_native}
+    for name, kernel in kernels.items():
+        if not kernel.available():
+            return f"native {name} kernel unavailable: {kernel.unavailable_reason()}"
     try:
         return [(_int4_layer if quantised else _bf16_layer)(layer) for layer in layers]
     except _NotFusable as exc:
         return str(exc)
+
+
+def _quant_kernels(layers: list[DecoderLayer]) -> dict[str, _Kernel]:
+    """The native kernels the projections of a quantised model's layers would run on: the
+    int8-group one for each ``Int8GroupLinear``, the int4 one for anything else (which
+    ``_native_args`` then rejects unless it is an ``Int4Linear`` on that kernel)."""
+    kernels: dict[str, _Kernel] = {}
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if isinstance(linear, Int8GroupLinear):
+                kernels["int8-group"] = int8_native
+            else:
+                kernels["int4"] = int4_native
+    return kernels
 
 
 def why_not(model: DecoderLM) -> str | None:

@@ -2,8 +2,10 @@
 // (+ bias, + per-head q/k RMSNorm for Qwen3), RoPE, KV-cache write, attention, output
 // projection, residual, RMSNorm, gate/up projection, SiLU * up, down projection, residual.
 // Two ops share the body and differ in their projections' weights:
-//   torch.ops.specserve.int4_decoder_layer  packed int4 weights (int4_gemv.cpp), q/k/v and
-//                                           gate/up fused into one matrix each;
+//   torch.ops.specserve.int4_decoder_layer  packed quantised weights, q/k/v and gate/up fused
+//                                           into one matrix each; each projection in the int4
+//                                           layout (uint8 qweight, int4_gemv.cpp) or the
+//                                           int8-group one (int8 qweight, int8_gemv.cpp);
 //   torch.ops.specserve.bf16_decoder_layer  the model's own bf16 weights (bf16_gemm.cpp),
 //                                           seven matrices, biases added before rounding.
 // The Python side is specserve/models/native/fused_layer.py.
@@ -40,10 +42,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "bf16_gemm.h"
 #include "int4_gemv.h"
+#include "int8_gemv.h"
 #include "simd.h"
 
 namespace {
@@ -322,27 +326,28 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   return out;
 }
 
-// ------------------------------------------------------------------ int4 weights ----------
+// ------------------------------------------------------------------ quantised weights -----
 
 using specserve_native::PackedWeight;
 
-struct Int4Proj {
+// Each projection int4 or int8-group (PackedWeight::bits), in any mix.
+struct QuantProj {
   PackedWeight qkv_w, o_w, gu_w, down_w;
   const uint16_t* qkv_bias;  // null: none
   int64_t n_qkv;
   void qkv(const uint16_t* h, int64_t M, uint16_t* out) const {
-    specserve_native::int4_matmul(h, M, qkv_w, out, false);
+    specserve_native::quant_matmul(h, M, qkv_w, out, false);
     if (qkv_bias != nullptr)
       for (int64_t m = 0; m < M; ++m) add_bf16(out + m * n_qkv, qkv_bias, out + m * n_qkv, n_qkv);
   }
   void o(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::int4_matmul(a, M, o_w, out, false);
+    specserve_native::quant_matmul(a, M, o_w, out, false);
   }
   void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
-    specserve_native::int4_matmul(h, M, gu_w, out, false);
+    specserve_native::quant_matmul(h, M, gu_w, out, false);
   }
   void down(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::int4_matmul(a, M, down_w, out, false);
+    specserve_native::quant_matmul(a, M, down_w, out, false);
   }
 };
 
@@ -362,23 +367,29 @@ Tensor int4_decoder_layer(
           k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
           num_kv_heads, eps};
   L.check();
-  STD_TORCH_CHECK(specserve_native::cpu_supported(), op,
-                  ": the int4 kernel does not run on this CPU");
-  const PackedWeight qkv = specserve_native::packed_weight(qkv_qweight, qkv_scales, qkv_row_scale,
-                                                           L.n_qkv, qkv_group, "qkv_proj");
-  const PackedWeight o = specserve_native::packed_weight(o_qweight, o_scales, o_row_scale, L.H,
-                                                         o_group, "o_proj");
-  const int64_t I = down_qweight.dim() == 3 ? down_qweight.size(1) * 8 : 0;
-  const PackedWeight gu = specserve_native::packed_weight(
+  const PackedWeight qkv = specserve_native::quant_packed_weight(
+      qkv_qweight, qkv_scales, qkv_row_scale, L.n_qkv, qkv_group, "qkv_proj");
+  const PackedWeight o = specserve_native::quant_packed_weight(o_qweight, o_scales, o_row_scale,
+                                                               L.H, o_group, "o_proj");
+  const PackedWeight down = specserve_native::quant_packed_weight(
+      down_qweight, down_scales, down_row_scale, L.H, down_group, "down_proj");
+  const int64_t I = down.K;
+  const PackedWeight gu = specserve_native::quant_packed_weight(
       gate_up_qweight, gate_up_scales, gate_up_row_scale, 2 * I, gate_up_group, "gate_up_proj");
-  const PackedWeight down = specserve_native::packed_weight(down_qweight, down_scales,
-                                                            down_row_scale, L.H, down_group,
-                                                            "down_proj");
+  for (const PackedWeight* w : {&qkv, &o, &gu, &down}) {
+    if (w->bits == 4) {
+      STD_TORCH_CHECK(specserve_native::cpu_supported(), op,
+                      ": the int4 kernel does not run on this CPU");
+    } else {
+      STD_TORCH_CHECK(specserve_native::int8_cpu_supported(), op,
+                      ": the int8-group kernel does not run on this CPU");
+    }
+  }
   STD_TORCH_CHECK(qkv.K == L.H && o.K == L.nh * L.hd && gu.K == L.H && I % 16 == 0, op,
                   ": projection shapes do not fit hidden ", L.H, ", ", L.nh, " heads of ", L.hd);
   const bool has_bias = qkv_bias.numel() > 0;
   if (has_bias) check_bf16(qkv_bias, L.n_qkv, op, "qkv_bias");
-  const Int4Proj proj{qkv, o, gu, down, has_bias ? bf16_data(qkv_bias) : nullptr, L.n_qkv};
+  const QuantProj proj{qkv, o, gu, down, has_bias ? bf16_data(qkv_bias) : nullptr, L.n_qkv};
   return run_layer(L, proj, I);
 }
 

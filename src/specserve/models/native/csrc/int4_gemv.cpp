@@ -576,7 +576,7 @@ PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Te
   return PackedWeight{static_cast<const uint8_t*>(qweight.const_data_ptr()),
                       static_cast<const uint16_t*>(scales.const_data_ptr()),
                       static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
-                      group_size};
+                      group_size, 4};
 }
 
 #ifdef SPECSERVE_INT4_NO_ISA

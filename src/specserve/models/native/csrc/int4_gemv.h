@@ -1,5 +1,6 @@
 // Internal interface of the int4 kernel (int4_gemv.cpp) for the other native ops built into
-// the same library (decoder_layer.cpp): the packed-weight checks and the raw matmul.
+// the same library (int8_gemv.cpp, decoder_layer.cpp): the packed-weight checks and the raw
+// matmul. PackedWeight also describes the int8-group layout (int8_gemv.h).
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>
@@ -8,15 +9,18 @@
 
 namespace specserve_native {
 
-// A packed int4 weight (layout: int4_gemv.cpp, int4_native.py), checked and as raw pointers.
+// A packed quantised weight, checked and as raw pointers: bits 4 is the int4 layout
+// (int4_gemv.cpp, int4_native.py), bits 8 the int8-group layout (int8_gemv.cpp,
+// int8_native.py).
 struct PackedWeight {
-  const uint8_t* qweight;  // [Np / 16, K / 8, 64]
+  const uint8_t* qweight;  // int4: [Np / 16, K / 8, 64]; int8 group: int8 [Np / 16, K / 4, 64]
   const uint16_t* scales;  // fp16 bits [Np / 16, K / G, 2, 16]
   const float* row_scale;  // [Np]
   int64_t N, K, group_size;
+  int bits;  // 4 or 8
 };
 
-// Checks dtype, shape and contiguity of the three packed tensors (what: the caller's name for
+// Checks dtype, shape and contiguity of the three packed int4 tensors (what: the caller's name for
 // the weight, in the error message) and returns their pointers.
 PackedWeight packed_weight(const torch::stable::Tensor& qweight,
                            const torch::stable::Tensor& scales,

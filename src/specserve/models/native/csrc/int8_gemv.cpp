@@ -1,0 +1,416 @@
+// Int8-group weight-only GEMV/GEMM for x86 CPUs with AVX2 + FMA + F16C (Haswell, Zen 1 and
+// later; AVX-512 CPUs have these too, so every build compiles this one variant).
+//
+// Computes y = x @ w.T for bf16 (or fp32) activations x [M, K] and weights stored as signed
+// byte codes with a (scale, offset) pair per group of G inputs of a row:
+// w[n, k] = code[n, k] * scale[n, g] + offset[n, g], g = k / G, packed by
+// specserve/models/native/int8_native.py. The codes are used as stored (no re-quantisation),
+// so quantised formats with up to 8-bit codes and per-group affine scales run on it exactly.
+// Registered as torch.ops.specserve.int8_gemm through PyTorch's stable C++ ABI, like int4_gemm
+// (int4_gemv.cpp).
+//
+// Packed layout (see int8_native.py for the Python side):
+//   qweight   int8    [Np / 16, K / 4, 64]  one 64-byte block per (tile of 16 rows, 4 inputs
+//             k0 .. k0 + 3); a tile's blocks follow each other along K (one stream per tile).
+//             Byte h*32 + c*8 + r (h in 0..1, c in 0..3, r in 0..7) is code[8h + r, k0 + c]:
+//             vpmovsxbd of the 8 bytes at h*32 + c*8 gives input c's codes of the tile's
+//             half h (rows 8h .. 8h + 7), one row per 32-bit lane.
+//   scales    fp16    [Np / 16, K / G, 2, 16]  per tile and group: the 16 rows' scales, then
+//             their 16 offsets, both divided by the row's power-of-two row_scale (fp16 range
+//             whatever the weights' magnitude).
+//   row_scale fp32    [Np]
+// Np is N rounded up to 16 (padding rows are zero and never written out); G is a multiple of 4
+// dividing K.
+//
+// Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
+// thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
+//   for each group g:
+//     acc = 0
+//     for each input k of the group, in increasing order:  acc = fma(code[n, k], x[m, k], acc)
+//     y = fma(scale, acc, y);  y = fma(offset, xsum[m, g], y)
+//   out = y * row_scale          (bf16 outputs: rounded to nearest even)
+// A code and a bf16 input are exact in fp32 and so is their product; xsum[m, g] is the fp32
+// sum of the group's inputs in a fixed order. The kernels differ only in how many tiles,
+// halves and rows they interleave: one FMA chain per (tile, half, row), 6 - 12 of them at a
+// time for the 4-cycle FMA latency.
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include <immintrin.h>
+
+#include "int4_gemv.h"
+#include "int8_gemv.h"
+#include "simd.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SPECSERVE_INT8_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;       // output rows per tile (two 8-lane halves)
+constexpr int64_t kBlockK = 4;      // inputs per 64-byte block
+constexpr int64_t kBlockBytes = 64;
+constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the unit of a task)
+constexpr int64_t kMaxRows = 8;     // rows of x per register block
+
+#ifdef SPECSERVE_INT8_AVX2
+
+struct Problem {
+  const int8_t* qweight;   // [ntiles, K / 4, 64]
+  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]
+  const float* row_scale;  // [ntiles * 16]
+  const float* xf;         // x in fp32, row-block interleaved (interleave_rows)
+  const float* xsum;       // [M, ngroups]
+  void* out;               // [M, N], bf16 or fp32
+  bool out_f32;
+  int64_t M, N, K, ngroups, blocks_per_group;
+};
+
+// Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
+// block_start(M, i). Only which rows share a register block depends on M, never the
+// arithmetic of a row.
+inline int64_t num_row_blocks(int64_t M) { return (M + kMaxRows - 1) / kMaxRows; }
+inline int64_t block_start(int64_t M, int64_t i) {
+  const int64_t n = num_row_blocks(M), base = M / n, extra = M % n;
+  return i * base + std::min(i, extra);
+}
+
+// xf: for the row block [m0, m0 + rows), x in fp32 with its rows interleaved (x[m0 + r, k] at
+// xf[m0 * K + k * rows + r]), so one pointer and constant offsets reach every row's broadcast
+// operand. A 1-row block is the row itself.
+void interleave_rows(const uint16_t* x, float* xf, int64_t M, int64_t K) {
+  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
+    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
+    float* dst = xf + m0 * K;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = x + (m0 + r) * K;
+      for (int64_t k = 0; k < K; ++k) dst[k * rows + r] = specserve_native::bf16_to_float(src[k]);
+    }
+  }
+}
+
+// xsum[m, g] = sum of the group's inputs (bf16 -> fp32): four lanes, then
+// (l0 + l1) + (l2 + l3); the same order for every row.
+void group_sums(const uint16_t* x, float* xsum, int64_t M, int64_t K, int64_t G) {
+  const int64_t ngroups = K / G;
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* xr = x + m * K;
+    for (int64_t g = 0; g < ngroups; ++g) {
+      __m128 acc = _mm_setzero_ps();
+      for (int64_t j = g * G; j < (g + 1) * G; j += 4) {
+        const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xr + j));
+        acc = _mm_add_ps(acc, _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)));
+      }
+      alignas(16) float lanes[4];
+      _mm_store_ps(lanes, acc);
+      xsum[m * ngroups + g] = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    }
+  }
+}
+
+// Output rows [n0, n0 + 8) of x row m (only the first `valid` columns exist).
+inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, __m256 v) {
+  if (p.out_f32) {
+    float* o = static_cast<float*>(p.out) + m * p.N + n0;
+    if (valid >= 8) {
+      _mm256_storeu_ps(o, v);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      std::memcpy(o, tmp, static_cast<size_t>(valid) * sizeof(float));
+    }
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(p.out) + m * p.N + n0;
+    if (valid >= 8) {
+      specserve_native::store_bf16x8(o, v);
+    } else {
+      alignas(16) uint16_t tmp[8];
+      specserve_native::store_bf16x8(tmp, v);
+      std::memcpy(o, tmp, static_cast<size_t>(valid) * sizeof(uint16_t));
+    }
+  }
+}
+
+// Input c's codes of one half of a tile's block as fp32 (exact).
+inline __m256 codes_f32(const int8_t* block, int64_t offset) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + offset));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+// Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
+// m0: the canonical arithmetic above. The loop over the 4 inputs c of a block is outermost, so
+// consecutive FMAs of one chain are NT * NH * MR FMAs apart.
+template <int NT, int NH, int MR>
+void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
+  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_scales = p.ngroups * 2 * kTile;
+
+  const int8_t* w[NT];
+  const uint16_t* sc[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
+    sc[t] = p.scales + (tile0 + t) * tile_scales + 8 * h0;
+  }
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const float* xk = p.xf + m0 * p.K;  // x[m0 + m, k] at xk[k * MR + m]
+
+  __m256 y[NT][NH][MR];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m256 acc[NT][NH][MR];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+      for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) acc[t][h][m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            const __m256 wv = codes_f32(w[t], 32 * h + 8 * c);
+#pragma GCC unroll 16
+            for (int m = 0; m < MR; ++m)
+              acc[t][h][m] =
+                  _mm256_fmadd_ps(wv, _mm256_broadcast_ss(xk + c * MR + m), acc[t][h][m]);
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) w[t] += kBlockBytes;
+      xk += kBlockK * MR;
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+      for (int h = 0; h < NH; ++h) {
+        const __m256 s =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + 8 * h)));
+        const __m256 o = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + kTile + 8 * h)));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          y[t][h][m] = _mm256_fmadd_ps(s, acc[t][h][m], y[t][h][m]);
+          y[t][h][m] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
+        }
+      }
+      sc[t] += 2 * kTile;
+    }
+  }
+
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h) {
+      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
+      const int64_t valid = std::min<int64_t>(8, p.N - n0);
+      if (valid <= 0) continue;
+      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
+    }
+  }
+}
+
+// One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows): both halves at once
+// for up to 6 rows (each broadcast input serves two FMAs), one half at a time for 7 - 8 (the
+// accumulators of 16 chains would not leave registers for the operands). Measured here
+// (Skylake-SP, 2 cores) 8-row blocks took ~10% less time per row than two 4-row blocks.
+void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: run_block<1, 2, 1>(p, tile0, 0, m0); break;
+    case 2: run_block<1, 2, 2>(p, tile0, 0, m0); break;
+    case 3: run_block<1, 2, 3>(p, tile0, 0, m0); break;
+    case 4: run_block<1, 2, 4>(p, tile0, 0, m0); break;
+    case 5: run_block<1, 2, 5>(p, tile0, 0, m0); break;
+    case 6: run_block<1, 2, 6>(p, tile0, 0, m0); break;
+    case 7:
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 7>(p, tile0, h, m0);
+      break;
+    default:
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 8>(p, tile0, h, m0);
+      break;
+  }
+}
+
+// Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows (8
+// chains), else one tile at a time, each row block in turn (the tile's codes stay in L2).
+void run_range(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 2, 1>(p, t, 0, 0);
+  } else if (p.M == 2) {
+    for (; t + 2 <= end; t += 2) run_block<2, 2, 2>(p, t, 0, 0);
+  }
+  const int64_t nblocks = num_row_blocks(p.M);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = block_start(p.M, i);
+      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+    }
+  }
+}
+
+#endif  // SPECSERVE_INT8_AVX2
+
+}  // namespace
+
+namespace specserve_native {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+PackedWeight int8_packed_weight(const Tensor& qweight, const Tensor& scales,
+                                const Tensor& row_scale, int64_t out_features, int64_t group_size,
+                                const char* what) {
+  STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
+                  ": CPU tensors only");
+  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 3 &&
+                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
+                  what, ": qweight must be contiguous int8 [Np/16, K/4, 64]");
+  const int64_t ntiles = qweight.size(0);
+  const int64_t K = qweight.size(1) * kBlockK;
+  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0, what,
+                  ": group_size must be a multiple of 4 dividing K");
+  const int64_t ngroups = K / group_size;
+  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
+                  ": out_features does not match the packed rows");
+  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
+                      scales.numel() == ntiles * ngroups * 2 * kTile,
+                  what, ": scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
+  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
+                      row_scale.numel() == ntiles * kTile,
+                  what, ": row_scale must be contiguous fp32 [Np]");
+  return PackedWeight{static_cast<const uint8_t*>(qweight.const_data_ptr()),
+                      static_cast<const uint16_t*>(scales.const_data_ptr()),
+                      static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
+                      group_size, 8};
+}
+
+PackedWeight quant_packed_weight(const Tensor& qweight, const Tensor& scales,
+                                 const Tensor& row_scale, int64_t out_features,
+                                 int64_t group_size, const char* what) {
+  const ScalarType t = qweight.scalar_type();
+  STD_TORCH_CHECK(t == ScalarType::Byte || t == ScalarType::Char, what,
+                  ": qweight must be uint8 (int4 layout) or int8 (int8-group layout)");
+  return t == ScalarType::Char
+             ? int8_packed_weight(qweight, scales, row_scale, out_features, group_size, what)
+             : packed_weight(qweight, scales, row_scale, out_features, group_size, what);
+}
+
+void quant_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
+  if (w.bits == 8) {
+    int8_matmul(x, M, w, out, out_f32);
+  } else {
+    int4_matmul(x, M, w, out, out_f32);
+  }
+}
+
+#ifndef SPECSERVE_INT8_AVX2
+
+bool int8_cpu_supported() { return false; }
+
+void int8_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
+  STD_TORCH_CHECK(false, "int8-group kernel built for a CPU without AVX2 / FMA / F16C");
+}
+
+#else
+
+bool int8_cpu_supported() { return avx2_supported(); }
+
+void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
+  STD_TORCH_CHECK(w.bits == 8, "int8_matmul: not an int8-group weight");
+  const int64_t K = w.K, ngroups = K / w.group_size;
+  const int64_t ntiles = (w.N + kTile - 1) / kTile;
+  if (M == 0 || w.N == 0) return;
+  std::vector<float> xsum(static_cast<size_t>(M * ngroups));
+  group_sums(x, xsum.data(), M, K, w.group_size);
+  std::vector<float> xf(static_cast<size_t>(M * K));
+  interleave_rows(x, xf.data(), M, K);
+  Problem p;
+  p.qweight = reinterpret_cast<const int8_t*>(w.qweight);
+  p.scales = w.scales;
+  p.row_scale = w.row_scale;
+  p.xf = xf.data();
+  p.xsum = xsum.data();
+  p.out = out;
+  p.out_f32 = out_f32;
+  p.M = M;
+  p.N = w.N;
+  p.K = K;
+  p.ngroups = ngroups;
+  p.blocks_per_group = w.group_size / kBlockK;
+
+  // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
+  // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
+  const int64_t tile_group_bytes = K * kTile * kTileGroup;
+  const int64_t ntile_groups = (ntiles + kTileGroup - 1) / kTileGroup;
+  const int64_t grain = std::max<int64_t>(
+      1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
+  torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
+    run_range(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+  });
+}
+
+#endif  // SPECSERVE_INT8_AVX2
+
+}  // namespace specserve_native
+
+namespace {
+
+using specserve_native::PackedWeight;
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
+  STD_TORCH_CHECK(specserve_native::int8_cpu_supported(),
+                  "int8_gemm: this CPU (or this build) lacks AVX2 / FMA / F16C");
+  STD_TORCH_CHECK(x_in.is_cpu(), "int8_gemm: CPU tensors only");
+  STD_TORCH_CHECK(x_in.dim() == 2, "int8_gemm: x must be [M, K]");
+  const ScalarType xt = x_in.scalar_type();
+  STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
+                  "int8_gemm: x must be bf16 or fp32");
+  const PackedWeight w = specserve_native::int8_packed_weight(
+      qweight, scales, row_scale, out_features, group_size, "int8_gemm");
+  STD_TORCH_CHECK(x_in.size(1) == w.K, "int8_gemm: x has ", x_in.size(1), " inputs, weight ",
+                  w.K);
+  Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
+  if (!x.is_contiguous()) x = torch::stable::contiguous(x);
+  const bool f32 = xt == ScalarType::Float;
+  Tensor out = specserve_native::empty_2d(x.size(0), out_features, f32);
+  specserve_native::int8_matmul(static_cast<const uint16_t*>(x.const_data_ptr()), x.size(0), w,
+                                out.mutable_data_ptr(), f32);
+  return out;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
+  m.def(
+      "int8_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
+      "int group_size) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int8_gemm", TORCH_BOX(&int8_gemm)); }

@@ -1,0 +1,278 @@
+"""Native CPU kernel for int8-group weight-only matmuls (AVX2 + FMA + F16C), built on first use.
+
+``y = x @ w.T`` with bf16 (or fp32) activations ``x # [M, K]`` and the weights of
+:class:`~specserve.models.quant.int8_group.Int8GroupWeight`: signed byte codes with a
+(scale, offset) pair per group of ``group_size`` inputs of a row, ``w[n, k] = code[n, k] *
+scale[n, g] + offset[n, g]``, ``g = k // group_size``. Quantised formats whose codes fit a
+byte (up to 8 bits, signed or shifted) and whose groups are affine run on it from their stored
+codes. The activations are not quantised: each code and each bf16 input become fp32 (both
+exact, and so is their product) and meet in FMAs; per group
+``y += scale·Σ code·x + offset·Σ x``. ``scale`` and ``offset`` are stored as fp16 after a
+per-row power-of-two normalisation (~2e-4 relative error on the outputs, well under the bf16
+rounding of the result).
+
+Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
+whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
+split the output columns only, with torch's intra-op pool), so a ``k + 1``-row verify gives bit
+for bit what a 1-row decode gives.
+
+Usage::
+
+    if int8_native.available():
+        packed = int8_native.pack(weight)  # once, at load; Int8Packed's tensors are buffers
+        y = int8_native.matmul(x, packed)  # [..., N]
+
+Build: ``build.py`` compiles ``csrc/int8_gemv.cpp`` into the op library with the other
+kernels; the op is ``torch.ops.specserve.int8_gemm``, and ``int4_decoder_layer``
+(fused_layer.py) takes int8-group projections too. :func:`available` is False (the reason
+logged once, see :func:`unavailable_reason`) when ``SPECSERVE_INT8_NATIVE=0``, on a CPU
+without AVX2 / FMA / F16C, or when the build or the self-test fails; callers then fall back.
+
+This module does not import the weight's module (``models/quant/int8_group.py`` imports this
+one): :func:`pack` takes any object with that weight's four attributes (:class:`GroupWeight`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specserve.models.native import build, huge_pages
+from specserve.models.native.availability import Availability
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BLOCK_K",
+    "TILE_ROWS",
+    "GroupWeight",
+    "Int8Packed",
+    "available",
+    "matmul",
+    "pack",
+    "unavailable_reason",
+]
+
+TILE_ROWS = 16  # output rows per tile: two 8-lane halves
+BLOCK_K = 4  # input channels per 64-byte block of a tile
+_PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
+_ENV_SWITCH = "SPECSERVE_INT8_NATIVE"
+_INPUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+class GroupWeight(Protocol):
+    """What :func:`pack` reads: ``codes # [N, K] int8``, ``scale`` and ``offset``
+    ``# [N, K // group_size]`` (``w = codes * scale + offset`` per group), ``group_size``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    group_size: int
+
+
+# ---------------------------------------------------------------- packed weights ------------
+
+
+@dataclass
+class Int8Packed:
+    """An int8-group weight in the native kernel's layout (plain CPU tensors: module buffers).
+
+    With ``Np = N`` rounded up to a multiple of 16 (padding rows are zero and never written
+    out), ``K`` the input features and ``G`` the group size:
+
+    Attributes:
+        qweight: ``# [Np / 16, K / 4, 64] int8``. One 64-byte block per tile of 16 output rows
+            and 4 input channels ``k0 .. k0 + 3``; a tile's blocks follow each other along K,
+            so a tile is one contiguous stream. Byte ``h*32 + c*8 + r`` (``h`` in 0..1, ``c``
+            in 0..3, ``r`` in 0..7) is ``code[8h + r, k0 + c]``: sign-extending the 8 bytes at
+            ``h*32 + c*8`` to 32 bits gives input ``c``'s codes of rows ``8h .. 8h + 7``, one
+            row per fp32 lane.
+        scales: ``# [Np / 16, K / G, 2, 16] fp16``: per tile and group the 16 rows' scales,
+            then their offsets, each divided by the row's ``row_scale``.
+        row_scale: ``# [Np] fp32``: a power of two per row, at least the row's largest
+            ``|scale|`` / ``|offset|`` (1 for all-zero and padding rows), so the fp16 values
+            lie in [-1, 1] whatever the weights' magnitude; the kernel multiplies it back.
+        out_features: ``N`` (the kernel writes exactly ``N`` columns).
+        group_size: ``G`` (a multiple of 4 dividing ``K``).
+        in_features: ``K`` (derived from ``qweight``).
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    row_scale: torch.Tensor
+    out_features: int
+    group_size: int
+    in_features: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        q, s, r = self.qweight, self.scales, self.row_scale
+        if q.dtype != torch.int8 or q.dim() != 3 or q.shape[2] != 64:
+            raise ValueError(f"qweight must be int8 [Np/16, K/4, 64], got {q.dtype} {q.shape}")
+        tiles, k = q.shape[0], q.shape[1] * BLOCK_K
+        if self.group_size <= 0 or self.group_size % BLOCK_K or k % self.group_size:
+            raise ValueError(f"group_size {self.group_size} must be a multiple of 4 dividing {k}")
+        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
+            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
+        if s.dtype != torch.float16 or s.shape != (tiles, k // self.group_size, 2, TILE_ROWS):
+            raise ValueError(f"scales must be fp16 [{tiles}, {k // self.group_size}, 2, 16]")
+        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
+            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+        self.in_features = k
+
+    def nbytes(self) -> int:
+        """Bytes a matmul reads from the weight (codes, scales, row scales)."""
+        return sum(
+            t.numel() * t.element_size() for t in (self.qweight, self.scales, self.row_scale)
+        )
+
+
+def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """``codes # [n, K] int8`` (``n`` a multiple of 16) -> ``# [n / 16, K / 4, 64] int8``."""
+    n, k = codes.shape
+    # row = 8h + r and k = 4B + c  ->  byte h*32 + c*8 + r of block B.
+    v = codes.view(n // TILE_ROWS, 2, 8, k // BLOCK_K, BLOCK_K)  # [T, h, r, B, c]
+    return v.permute(0, 3, 1, 4, 2).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
+
+
+def pack(weight: GroupWeight) -> Int8Packed:
+    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries).
+
+    Raises:
+        ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
+            or the scales / offsets are not finite.
+    """
+    codes_all, gs = weight.codes, weight.group_size
+    if codes_all.dtype != torch.int8 or codes_all.dim() != 2:
+        raise ValueError(f"codes must be int8 [N, K], got {codes_all.dtype} {codes_all.shape}")
+    n, k = codes_all.shape
+    if gs <= 0 or gs % BLOCK_K or k % gs:
+        raise ValueError(
+            f"the int8-group kernel needs a group_size that is a multiple of 4 dividing K={k}, "
+            f"got {gs}"
+        )
+    if weight.scale.shape != (n, k // gs) or weight.offset.shape != (n, k // gs):
+        raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
+    tiles = -(-n // TILE_ROWS)
+    # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
+    qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.int8)
+    scales = huge_pages.empty((tiles, k // gs, 2, TILE_ROWS), torch.float16)
+    row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
+    for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
+        stop = min(n, start + _PACK_ROW_CHUNK)
+        rows, t0 = stop - start, start // TILE_ROWS
+        pad = -rows % TILE_ROWS
+        codes = codes_all[start:stop].cpu()
+        s = weight.scale[start:stop].detach().cpu().float()
+        off = weight.offset[start:stop].detach().cpu().float()
+        if pad:
+            codes = torch.nn.functional.pad(codes, (0, 0, 0, pad))
+            s = torch.nn.functional.pad(s, (0, 0, 0, pad))
+            off = torch.nn.functional.pad(off, (0, 0, 0, pad))
+        if not (torch.isfinite(s).all() and torch.isfinite(off).all()):
+            raise ValueError("int8-group scales / offsets must be finite")
+        t1 = t0 + (rows + pad) // TILE_ROWS
+        qweight[t0:t1] = _pack_codes(codes)
+        peak = torch.maximum(s.abs().amax(dim=1), off.abs().amax(dim=1))  # [rows + pad]
+        exp = torch.frexp(peak).exponent  # peak = mantissa · 2^exp, mantissa in [0.5, 1)
+        rs = torch.where(peak > 0, torch.ldexp(torch.ones_like(peak), exp), torch.ones_like(peak))
+        row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = rs
+        so = torch.stack([s / rs[:, None], off / rs[:, None]], dim=0)  # [2, r, K/G]
+        so = so.view(2, t1 - t0, TILE_ROWS, k // gs).permute(1, 3, 0, 2)  # [T, K/G, 2, 16]
+        scales[t0:t1] = so.to(torch.float16)
+    return Int8Packed(qweight, scales, row_scale, n, gs)
+
+
+# ---------------------------------------------------------------- matmul --------------------
+
+
+def matmul(x: torch.Tensor, packed: Int8Packed) -> torch.Tensor:
+    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``.
+
+    The result has ``x``'s dtype (fp32 inputs are rounded to bf16 first, the output stays
+    fp32). Call only after :func:`available` returned True (this checks just that the kernel
+    is loaded, not ``SPECSERVE_INT8_NATIVE``: that switch is for the callers' setup).
+
+    Raises:
+        ValueError: wrong dtype, device or last dimension of ``x``.
+        RuntimeError: the kernel is not loaded.
+    """
+    k = packed.in_features
+    if x.dtype not in _INPUT_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k:
+        raise ValueError(
+            f"int8-group matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
+            f"{x.dtype} {tuple(x.shape)} on {x.device}"
+        )
+    if not _kernel.loaded():
+        raise RuntimeError(f"the native int8-group kernel is not loaded: {unavailable_reason()}")
+    x2 = x if x.dim() == 2 else x.reshape(-1, k)
+    y = torch.ops.specserve.int8_gemm(
+        x2, packed.qweight, packed.scales, packed.row_scale, packed.out_features, packed.group_size
+    )
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
+
+
+# ---------------------------------------------------------------- load ----------------------
+
+
+@dataclass
+class _Weight:
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    group_size: int
+
+
+def _load() -> str | None:
+    """Build (or reuse) and load the kernel; None on success, else why not."""
+    return build.load_library() or _self_test()
+
+
+def _self_test() -> str | None:
+    """Run the kernel on a small random weight: close to a float64 reference, and each row of
+    a 5-row call bit-identical to the same row alone (catches a CPU without the ISA, which
+    the op reports, and a miscompiled kernel)."""
+    gen = torch.Generator().manual_seed(0)
+    n, k, gs = 37, 128, 16
+    weight = _Weight(
+        torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen),
+        torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3,
+        torch.randn(n, k // gs, generator=gen) * 0.1,
+        gs,
+    )
+    x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
+    packed = pack(weight)
+    args = (packed.qweight, packed.scales, packed.row_scale, n, gs)
+    try:
+        y = torch.ops.specserve.int8_gemm(x, *args)
+        rows = [torch.ops.specserve.int8_gemm(x[i : i + 1], *args) for i in range(5)]
+    except Exception as exc:  # the op refuses this CPU, or is missing from the library
+        return f"self-test failed: {type(exc).__name__}: {exc}"
+    w = weight.codes.double().view(n, k // gs, gs) * weight.scale.double()[..., None]
+    w = (w + weight.offset.double()[..., None]).view(n, k)
+    ref = x.double() @ w.T
+    err = float((y.double() - ref).norm() / ref.norm())
+    if not err < 1e-2:
+        return f"self-test failed: relative error {err:.3g} against the reference"
+    if not torch.equal(y, torch.cat(rows)):
+        return "self-test failed: rows depend on the batch"
+    return None
+
+
+_kernel = Availability("int8-group", _ENV_SWITCH, lambda: _load(), logger)
+
+
+def available() -> bool:
+    """Whether :func:`matmul` can run here (builds / loads the library on the first call).
+
+    False when ``SPECSERVE_INT8_NATIVE=0`` (checked on every call), or after a failed build /
+    an unsupported CPU (decided once per process, the reason logged once).
+    """
+    return _kernel.available()
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is False (None when it is True or was never asked)."""
+    return _kernel.unavailable_reason()

@@ -1,0 +1,145 @@
+"""Fused decoder layers over a mix of int4 and int8-group projections: the plan accepts
+``Int8GroupLinear`` (and reports its kernel when it is off), the op agrees with the eager
+layers, and a multi-token forward's rows equal one-token forwards bit for bit."""
+
+from __future__ import annotations
+
+import copy
+from typing import cast
+
+import pytest
+import torch
+
+from specserve.kv_cache.single_sequence import SingleSequenceCache
+from specserve.models.decoder import DecoderLayer, DecoderLM
+from specserve.models.native import fused_layer, int4_native, int8_native
+from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
+from specserve.models.quant.layers import Int4Linear
+from specserve.models.quant.quantize import quantize_model
+from tests.conftest import make_tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not (int4_native.available() and int8_native.available()),
+    reason=f"native kernels: int4 {int4_native.unavailable_reason()}, "
+    f"int8-group {int8_native.unavailable_reason()}",
+)
+
+SHAPE = dict(hidden_size=128, intermediate_size=192, num_heads=4, num_kv_heads=2, head_dim=32)
+IDS = [5, 17, 3, 44, 9, 71, 2, 30, 8, 61, 12, 19, 27, 4, 50, 33, 6, 90, 14, 21, 38, 11]
+GROUP = 16
+# Each projection of a layer: its module's parent attribute, module name, float parts.
+_PROJ = {
+    "qkv": ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    "o": ("self_attn", "o_proj", ("o_proj",)),
+    "gate_up": ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+    "down": ("mlp", "down_proj", ("down_proj",)),
+}
+
+
+def _int8_group(w: torch.Tensor) -> Int8GroupWeight:
+    """Asymmetric 8-bit groups of ``GROUP`` inputs: codes -128..127, offset = the code 0's
+    value."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 255).clamp(min=1e-8)
+    offset = lo + 128 * scale
+    codes = ((g - offset[..., None]) / scale[..., None]).round().clamp(-128, 127)
+    return Int8GroupWeight(codes.to(torch.int8).view(n, k), scale, offset, GROUP)
+
+
+def _mixed_model(
+    int8: tuple[str, ...], family: str = "qwen2", int8_head: bool = False
+) -> DecoderLM:
+    """A tiny bf16 model quantised to int4 (group 32), then the projections named in ``int8``
+    (and the LM head with ``int8_head``) replaced by int8-group ones of the float weights."""
+    tiny = make_tiny_model(family, **SHAPE).to(torch.bfloat16)
+    floats = []
+    for layer in tiny.model.layers:
+        parts = {}
+        for name, (parent, _, sources) in _PROJ.items():
+            module = getattr(layer, parent)
+            parts[name] = torch.cat([getattr(module, s).weight.detach() for s in sources])
+        floats.append(parts)
+    head = tiny.lm_head.weight.detach().clone()
+    model = quantize_model(tiny, "int4", 32)
+    for layer, parts in zip(model.model.layers, floats, strict=True):
+        for name in int8:
+            parent_name, attr, _ = _PROJ[name]
+            parent = getattr(layer, parent_name)
+            old = getattr(parent, attr)
+            assert isinstance(old, Int4Linear)
+            new = Int8GroupLinear(_int8_group(parts[name]), old.bias, torch.bfloat16)
+            assert new.native is not None
+            setattr(parent, attr, new)
+    if int8_head:
+        model.lm_head = Int8GroupLinear(_int8_group(head), None, torch.bfloat16)  # type: ignore[assignment]
+    assert fused_layer.enable(model), fused_layer.why_not(model)
+    return model
+
+
+MIXES = [("qkv", "down"), ("o", "gate_up"), ("qkv", "o", "gate_up", "down")]
+
+
+@pytest.mark.parametrize("int8", MIXES)
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_mixed_model_agrees_with_the_eager_layers(family: str, int8: tuple[str, ...]) -> None:
+    fused = _mixed_model(int8, family, int8_head=True)
+    assert fused_layer.describe(fused) == "native int4_decoder_layer"
+    eager = copy.deepcopy(fused)
+    fused_layer.disable(eager)
+    a, b = SingleSequenceCache(fused, 64), SingleSequenceCache(eager, 64)
+    checked = 0
+    for chunk in (IDS[:18], [3], [7, 1, 22], [40]):
+        ha, hb = a.forward(chunk), b.forward(chunk)
+        err = float((ha.float() - hb.float()).norm() / hb.float().norm())
+        assert err < 2e-2, err
+        la, lb = fused.compute_logits(ha), eager.compute_logits(hb)
+        err = float((la - lb).norm() / lb.norm())
+        assert err < 3e-2, err
+        top2 = lb.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * (la - lb).abs().amax(-1)
+        assert torch.equal(la.argmax(-1)[clear], lb.argmax(-1)[clear])
+        checked += int(clear.sum())
+    assert checked >= 10  # of 23 rows
+
+
+@pytest.mark.parametrize("int8", MIXES)
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_verify_rows_equal_one_token_steps_bit_for_bit(family: str, int8: tuple[str, ...]) -> None:
+    """A k + 1-token forward (and the LM head on its rows) gives each row the bits k + 1
+    one-token forwards give, for k + 1 up to 16 (verify steps and prefill chunks)."""
+    model = _mixed_model(int8, family, int8_head=True)
+    one = SingleSequenceCache(model, 64)
+    one.forward(IDS[:6])
+    by_token = torch.cat([one.forward([i]) for i in IDS])
+    logits_by_token = torch.cat([model.compute_logits(by_token[i : i + 1]) for i in range(22)])
+    for rows in (2, 5, 16):
+        cache = SingleSequenceCache(model, 64)
+        cache.forward(IDS[:6])
+        parts = [cache.forward(IDS[j : j + rows]) for j in range(0, len(IDS), rows)]
+        assert torch.equal(torch.cat(parts), by_token), rows
+        logits = torch.cat([model.compute_logits(p) for p in parts])
+        assert torch.equal(logits, logits_by_token), rows
+
+
+def test_plan_names_the_int8_group_kernel_when_it_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _mixed_model(("down",))
+    monkeypatch.setenv("SPECSERVE_INT8_NATIVE", "0")
+    why = fused_layer.why_not(model)
+    assert why is not None and "int8-group kernel unavailable" in why, why
+    assert "SPECSERVE_INT8_NATIVE" in why
+    assert not fused_layer.enable(model) and not model.fused_layers
+    monkeypatch.delenv("SPECSERVE_INT8_NATIVE")
+    assert fused_layer.enable(model)
+
+
+def test_plan_rejects_an_int8_group_projection_off_the_kernel() -> None:
+    model = _mixed_model(())
+    layer = cast("DecoderLayer", model.model.layers[1])
+    old = layer.mlp.down_proj
+    assert isinstance(old, Int4Linear)
+    weight = _int8_group(torch.randn(128, 192) * 0.1)
+    layer.mlp.down_proj = Int8GroupLinear(weight, None, torch.bfloat16, native=False)
+    why = fused_layer.why_not(model)
+    assert why is not None and "down_proj is not on the native int4 or int8-group kernel" in why
