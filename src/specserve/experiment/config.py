@@ -28,6 +28,9 @@ class ExperimentConfigError(ValueError):
     """The experiment config is missing, unreadable or invalid (message lists every problem)."""
 
 
+_DTYPE_WEIGHTS: dict[str, WeightFormat] = {"float32": "fp32", "bfloat16": "bf16"}
+
+
 class ServersConfig(BaseModel):
     """Two specserve servers started as subprocesses on free loopback ports."""
 
@@ -52,7 +55,9 @@ class ServersConfig(BaseModel):
         default="bfloat16", description="Compute dtype of both servers."
     )
     weights: WeightFormat | None = Field(
-        default=None, description="Weight format of both servers (default: the dtype's own)."
+        default=None,
+        description="Weight format of both servers (default: the dtype's own float weights, "
+        "as in the reference study's bf16 target; gguf: a quantised GGUF file's blocks).",
     )
     draft_weights: WeightFormat | None = Field(
         default="int4",
@@ -117,8 +122,8 @@ class ServersConfig(BaseModel):
             "--max-num-seqs",
             str(self.max_num_seqs),
         ]
-        if self.weights:
-            args += ["--weights", self.weights]
+        # Explicit, because `specserve serve` alone would pick gguf for a quantised GGUF file.
+        args += ["--weights", self.weights or _DTYPE_WEIGHTS[self.dtype]]
         if speculative:
             args += ["--spec-method", self.method]
             if self.draft is not None:

@@ -11,7 +11,6 @@ ids[1:] given the preceding ones}``, computed from llama.cpp's logits of the fil
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -71,6 +70,8 @@ def main() -> int:
 
 def _loglik(llama_class, args) -> float:  # type: ignore[no-untyped-def]
     """Mean log p(ids[t] | ids[:t]) over t >= 1, from one evaluation with every row's logits."""
+    import numpy as np  # a dependency of llama-cpp-python
+
     ids = args["loglik_ids"]
     llm = llama_class(
         model_path=args["gguf"],
@@ -82,14 +83,12 @@ def _loglik(llama_class, args) -> float:  # type: ignore[no-untyped-def]
         verbose=False,
     )
     llm.eval(ids[:-1])
-    total = 0.0
-    for t in range(len(ids) - 1):
-        row = llm.scores[t]
-        peak = max(row)
-        log_z = peak + math.log(sum(math.exp(v - peak) for v in row))
-        total += float(row[ids[t + 1]]) - log_z
+    rows = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)  # [T - 1, vocab]
+    peak = rows.max(axis=1, keepdims=True)
+    log_z = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
+    picked = rows[np.arange(len(ids) - 1), np.asarray(ids[1:])]
     del llm
-    return total / (len(ids) - 1)
+    return float((picked - log_z).mean())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ def test_no_file_gives_embedded_default() -> None:
 
 
 def test_arms_differ_only_in_speculation() -> None:
+    from specserve.experiment.config import ServersConfig
+
     servers = load_config(None).servers
     assert servers is not None
     base, spec = servers.serve_args(speculative=False), servers.serve_args(speculative=True)
@@ -31,7 +33,13 @@ def test_arms_differ_only_in_speculation() -> None:
     assert base[base.index("--spec-method") + 1] == "none"
     assert spec[spec.index("--draft-model") + 1] == DEFAULT_DRAFT
     assert spec[spec.index("--draft-weights") + 1] == "int4"  # the cheap draft is the default
-    assert "--draft-weights" not in base and "--weights" not in base
+    assert "--draft-weights" not in base
+    # both arms run the dtype's own bf16 weights, named so that serve does not pick gguf
+    assert base[base.index("--weights") + 1] == spec[spec.index("--weights") + 1] == "bf16"
+    fp32 = ServersConfig(dtype="float32").serve_args(speculative=False)
+    assert fp32[fp32.index("--weights") + 1] == "fp32"
+    gguf = ServersConfig(weights="gguf").serve_args(speculative=False)
+    assert gguf[gguf.index("--weights") + 1] == "gguf"
 
 
 def test_draft_weights_follow_the_method() -> None:
