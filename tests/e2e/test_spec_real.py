@@ -92,6 +92,8 @@ def test_generate_command_with_an_int8_draft_is_lossless_in_fp32(
             "int8",
             "--num-speculative-tokens",
             "3",
+            "--dtype",
+            "float32",  # the dequantised fp32 target (the default would be gguf in bf16)
             "--compare-plain",
         ]
     )

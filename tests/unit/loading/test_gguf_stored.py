@@ -147,3 +147,15 @@ def test_the_default_format_is_gguf_for_a_quantised_file_on_cpu(gguf_factory) ->
     assert gguf_stored.draft_format(None, "gguf", str(quantised)) == "gguf"
     assert gguf_stored.draft_format(None, "bf16", str(quantised)) == "bf16"
     assert gguf_stored.draft_format("int4", "gguf", str(quantised)) == "int4"
+
+
+def test_serve_without_weights_runs_a_quantised_gguf_as_stored_in_bf16(gguf_factory) -> None:
+    from specserve.cli import build_parser
+    from specserve.commands.serve import engine_config_from_args
+
+    path, _ = gguf_factory("qwen2", Q.Q4_0)
+    config = engine_config_from_args(build_parser().parse_args(["serve", "--model", str(path)]))
+    assert (config.model.weights, config.model.dtype) == ("gguf", "bfloat16")
+    argv = ["serve", "--model", str(path), "--dtype", "float32"]
+    reference = engine_config_from_args(build_parser().parse_args(argv))
+    assert (reference.model.weights, reference.model.dtype) == (None, "float32")

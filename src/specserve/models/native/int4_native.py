@@ -167,14 +167,21 @@ def pack(weight: Int4Weight) -> Int4Packed:
         t1 = t0 + (rows + pad) // TILE_ROWS
         qweight[t0:t1] = _pack_codes(codes)
         mid = mn + 7.5 * s  # the group's midpoint
-        peak = torch.maximum(s.abs().amax(dim=1), mid.abs().amax(dim=1))  # [rows + pad]
-        exp = torch.frexp(peak).exponent  # peak = mantissa · 2^exp, mantissa in [0.5, 1)
-        rs = torch.where(peak > 0, torch.ldexp(torch.ones_like(peak), exp), torch.ones_like(peak))
-        row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = rs
-        sm = torch.stack([s / rs[:, None], mid / rs[:, None]], dim=0)  # [2, r, K/G]
-        sm = sm.view(2, t1 - t0, TILE_ROWS, k // gs).permute(1, 3, 0, 2)  # [T, K/G, 2, 16]
-        scales[t0:t1] = sm.to(torch.float16)
+        scales[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, mid)
     return Int4Packed(qweight, scales, row_scale, n, gs)
+
+
+def tile_constants(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two per-group constants ``a``, ``b # [r, K/G]`` (``r`` a multiple of 16) in the
+    kernels' tile layout: ``# [r / 16, K/G, 2, 16] fp16`` (per tile and group the 16 rows'
+    ``a``, then their ``b``), each divided by its row's power-of-two scale ``# [r] fp32`` (at
+    least the row's largest ``|a|`` / ``|b|``; 1 for all-zero rows), returned second."""
+    peak = torch.maximum(a.abs().amax(dim=1), b.abs().amax(dim=1))
+    exp = torch.frexp(peak).exponent  # peak = mantissa · 2^exp, mantissa in [0.5, 1)
+    rs = torch.where(peak > 0, torch.ldexp(torch.ones_like(peak), exp), torch.ones_like(peak))
+    pair = torch.stack([a / rs[:, None], b / rs[:, None]], dim=0)  # [2, r, K/G]
+    pair = pair.view(2, a.shape[0] // TILE_ROWS, TILE_ROWS, a.shape[1]).permute(1, 3, 0, 2)
+    return pair.to(torch.float16), rs
 
 
 # ---------------------------------------------------------------- matmul --------------------

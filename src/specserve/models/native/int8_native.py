@@ -42,6 +42,7 @@ import torch
 
 from specserve.models.native import build, huge_pages
 from specserve.models.native.availability import Availability
+from specserve.models.native.int4_native import tile_constants
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +176,7 @@ def pack(weight: GroupWeight) -> Int8Packed:
             raise ValueError("int8-group scales / offsets must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
         qweight[t0:t1] = _pack_codes(codes)
-        peak = torch.maximum(s.abs().amax(dim=1), off.abs().amax(dim=1))  # [rows + pad]
-        exp = torch.frexp(peak).exponent  # peak = mantissa · 2^exp, mantissa in [0.5, 1)
-        rs = torch.where(peak > 0, torch.ldexp(torch.ones_like(peak), exp), torch.ones_like(peak))
-        row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = rs
-        so = torch.stack([s / rs[:, None], off / rs[:, None]], dim=0)  # [2, r, K/G]
-        so = so.view(2, t1 - t0, TILE_ROWS, k // gs).permute(1, 3, 0, 2)  # [T, K/G, 2, 16]
-        scales[t0:t1] = so.to(torch.float16)
+        scales[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
     return Int8Packed(qweight, scales, row_scale, n, gs)
 
 
