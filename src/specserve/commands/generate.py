@@ -83,7 +83,8 @@ def _report(label: str, res: GenerationResult) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specserve.loading.quant_cache import load_in_format  # heavy: only when it runs
+    from specserve.loading.gguf_stored import draft_format  # heavy: only when they run
+    from specserve.loading.quant_cache import load_in_format
 
     try:
         params = SamplingParams(
@@ -125,7 +126,11 @@ def run(args: argparse.Namespace) -> int:
             if spec.uses_draft_model:
                 assert spec.draft_model is not None
                 draft_lm = load_in_format(
-                    spec.draft_model, args.draft_weights or args.weights, dtype
+                    spec.draft_model,
+                    draft_format(
+                        args.draft_weights, args.weights, spec.draft_model, "cpu", args.dtype
+                    ),
+                    dtype,
                 )
                 check_vocab_compatible(
                     target.arch.vocab_size, draft_lm.arch.vocab_size, tok, draft_lm.tokenizer
