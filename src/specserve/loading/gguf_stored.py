@@ -10,6 +10,7 @@ never silently.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from specserve.config import WeightFormat
 from specserve.loading.catalog import CATALOG
 from specserve.loading.errors import CorruptModelError
-from specserve.loading.gguf_blocks import FLOAT_TYPES, STORED_TYPES, StoredBlocks, decode
+from specserve.loading.gguf_blocks import FLOAT_TYPES, StoredBlocks, decode
 from specserve.loading.gguf_loader import GGUFFile, _unpermute_rope_rows, hf_name
 from specserve.loading.loader import resolve_source
 from specserve.models.arch import ArchConfig
@@ -31,9 +32,18 @@ FORMAT: WeightFormat = "gguf"
 
 
 def is_quantised_gguf(path: Path) -> bool:
-    """Whether ``path`` is a GGUF file whose linears are block-quantised (not all float)."""
+    """Whether ``path`` is a GGUF file whose linears are block-quantised (not all float).
+
+    Parsing a GGUF's metadata takes seconds for a large vocabulary, and a start asks this for
+    the default format and again when loading, so the answer is kept per file version."""
     if path.suffix != ".gguf" or not path.is_file():
         return False
+    st = path.stat()
+    return _quantised(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _quantised(path: str, size: int, mtime_ns: int) -> bool:
     reader = GGUFFile(path).reader
     return any(
         t.tensor_type not in FLOAT_TYPES and len(t.shape) == 2 and t.name.endswith(".weight")
@@ -154,15 +164,3 @@ def stored_state(path: Path, arch: ArchConfig) -> dict[str, torch.Tensor]:
         time.perf_counter() - t0,
     )
     return state
-
-
-def fallback_types(path: Path) -> list[str]:
-    """The quantised types in ``path`` that run dequantised under ``gguf`` (none: [])."""
-    reader = GGUFFile(path).reader
-    return sorted(
-        {
-            t.tensor_type.name
-            for t in reader.tensors
-            if t.tensor_type not in FLOAT_TYPES and t.tensor_type not in STORED_TYPES
-        }
-    )

@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -162,21 +162,32 @@ def load_model_with_weights(
     if weights == gguf_stored.FORMAT:
         return _load_stored(lm, use_cache, cache_dir)
     assert weights in QUANT_FORMATS
-    _fix_malloc_mmap_threshold()
-    path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
     t0 = time.perf_counter()
-    state: Mapping[str, torch.Tensor]
-    if path is not None and path.is_file():
-        state = _LazyTensors(path)
-        logger.info("read %s weights of %s from %s", weights, lm.name, path)
-    else:
-        state = quantize_weights(lm.model, weights, group_size)  # type: ignore[arg-type]
-        if path is not None:
-            _save_atomic(path, state)
-            logger.info("cached %s weights of %s in %s", weights, lm.name, path)
+    path = quant_cache_file(lm.source, weights, group_size, cache_dir) if use_cache else None
+    state = _cached_state(
+        path,
+        lambda: quantize_weights(lm.model, weights, group_size),  # type: ignore[arg-type]
+        f"{weights} weights of {lm.name}",
+    )
     apply_quantized(lm.model, weights, state, group_size)  # type: ignore[arg-type]
     logger.info("%s ready as %s in %.1f s", lm.name, weights, time.perf_counter() - t0)
     return lm
+
+
+def _cached_state(
+    path: Path | None, build: Callable[[], dict[str, torch.Tensor]], what: str
+) -> Mapping[str, torch.Tensor]:
+    """The portable tensors cached at ``path``, or ``build()``'s, then cached there (no
+    cache: ``path`` None)."""
+    _fix_malloc_mmap_threshold()
+    if path is not None and path.is_file():
+        logger.info("read the %s from %s", what, path)
+        return _LazyTensors(path)
+    state = build()
+    if path is not None:
+        _save_atomic(path, state)
+        logger.info("cached the %s in %s", what, path)
+    return state
 
 
 def _load_stored(lm: LoadedModel, use_cache: bool, cache_dir: Path | None) -> LoadedModel:
@@ -186,18 +197,13 @@ def _load_stored(lm: LoadedModel, use_cache: bool, cache_dir: Path | None) -> Lo
             f"{lm.name} comes from {lm.source.name}, which is not one; use int4/int8 "
             "(quantised here) or bf16"
         )
-    _fix_malloc_mmap_threshold()
-    path = quant_cache_file(lm.source, "gguf", 0, cache_dir) if use_cache else None
     t0 = time.perf_counter()
-    state: Mapping[str, torch.Tensor]
-    if path is not None and path.is_file():
-        state = _LazyTensors(path)
-        logger.info("read the stored GGUF blocks of %s from %s", lm.name, path)
-    else:
-        state = gguf_stored.stored_state(lm.source, lm.arch)
-        if path is not None:
-            _save_atomic(path, state)
-            logger.info("cached the stored GGUF blocks of %s in %s", lm.name, path)
+    path = quant_cache_file(lm.source, "gguf", 0, cache_dir) if use_cache else None
+    state = _cached_state(
+        path,
+        lambda: gguf_stored.stored_state(lm.source, lm.arch),
+        f"stored GGUF blocks of {lm.name}",
+    )
     apply_stored(lm.model, state)
     logger.info("%s ready as gguf in %.1f s", lm.name, time.perf_counter() - t0)
     return lm
