@@ -41,7 +41,7 @@ from specserve.models.quant.layers import (
 logger = logging.getLogger(__name__)
 
 QUANT_FORMATS: tuple[QuantFormat, ...] = ("int8", "int4")
-_EMBED = "model.embed_tokens"
+EMBED = "model.embed_tokens"
 
 
 def _linear_names(model: DecoderLM) -> list[str]:
@@ -70,7 +70,7 @@ def quantize_weights(
     if not isinstance(embed, nn.Embedding):
         raise ValueError("model is already quantised")
     q, s = quantize_int8(embed.weight)
-    state[f"{_EMBED}.qweight"], state[f"{_EMBED}.scale"] = q, s
+    state[f"{EMBED}.qweight"], state[f"{EMBED}.scale"] = q, s
     for name in _linear_names(model):
         if name == "lm_head" and model.cfg.tie_word_embeddings and fmt == "int8":
             continue  # shares the embedding's int8 rows
@@ -93,8 +93,20 @@ def quantize_weights(
     return state
 
 
+def fused_bias(linears: list[nn.Linear], dtype: torch.dtype) -> torch.Tensor | None:
+    """The bias of one module computing the rows of ``linears`` in order (zeros where a part
+    has none; None when none has one)."""
+    if all(lin.bias is None for lin in linears):
+        return None
+    parts = [
+        lin.bias.detach() if lin.bias is not None else torch.zeros(lin.out_features, dtype=dtype)
+        for lin in linears
+    ]
+    return torch.cat(parts).clone()
+
+
 # (fused module, its parts): rows of the parts in this order.
-_FUSED = (
+FUSED = (
     ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
     ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
 )
@@ -115,18 +127,9 @@ def _quantized_linear(
         lin = model.get_submodule(n)
         assert isinstance(lin, nn.Linear), n
         linears.append(lin)
-    bias = None
-    if any(lin.bias is not None for lin in linears):
-        bias = torch.cat(
-            [
-                lin.bias.detach()
-                if lin.bias is not None
-                else torch.zeros(lin.out_features, dtype=dtype)
-                for lin in linears
-            ]
-        ).clone()
+    bias = fused_bias(linears, dtype)
     if names == ("lm_head",) and model.cfg.tie_word_embeddings and fmt == "int8":
-        return Int8Linear(embed.qweight, state[f"{_EMBED}.scale"].to(device), bias, dtype)
+        return Int8Linear(embed.qweight, state[f"{EMBED}.scale"].to(device), bias, dtype)
     if fmt == "int8":
         qweight = torch.cat([state[f"{n}.qweight"] for n in names])
         scale = torch.cat([state[f"{n}.scale"] for n in names])
@@ -155,9 +158,9 @@ def apply_quantized(
     _check_format(fmt)
     dtype, device = model.dtype, model.device
     embed = Int8Embedding(
-        state[f"{_EMBED}.qweight"].to(device), state[f"{_EMBED}.scale"].to(device), dtype
+        state[f"{EMBED}.qweight"].to(device), state[f"{EMBED}.scale"].to(device), dtype
     )
-    in_fusion = {f"{layer}.{p}" for layer in _layer_names(model) for _, ps in _FUSED for p in ps}
+    in_fusion = {f"{layer}.{p}" for layer in _layer_names(model) for _, ps in FUSED for p in ps}
     for name in _linear_names(model):
         if name in in_fusion:
             continue
@@ -165,7 +168,7 @@ def apply_quantized(
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
     for layer in _layer_names(model):
-        for fused, parts in _FUSED:
+        for fused, parts in FUSED:
             names = tuple(f"{layer}.{p}" for p in parts)
             new = _quantized_linear(model, names, fmt, state, embed, group_size)
             parent = model.get_submodule(f"{layer}.{fused.rpartition('.')[0]}")

@@ -31,14 +31,9 @@ from specserve.models.native import fused_layer
 from specserve.models.quant.int4_weight import Int4Weight
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 from specserve.models.quant.layers import Int4Linear
+from specserve.models.quant.quantize import EMBED, FUSED, fused_bias
 
 StoredWeight = Int4Weight | Int8GroupWeight
-
-_EMBED = "model.embed_tokens"
-_FUSED = (
-    ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
-)
 
 
 def stored_weight(state: Mapping[str, torch.Tensor], name: str) -> StoredWeight | None:
@@ -142,26 +137,13 @@ class GroupEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {kind} group={self.group_size}"
 
 
-def _bias(linears: list[nn.Linear], dtype: torch.dtype) -> torch.Tensor | None:
-    if all(lin.bias is None for lin in linears):
-        return None
-    return torch.cat(
-        [
-            lin.bias.detach()
-            if lin.bias is not None
-            else torch.zeros(lin.out_features, dtype=dtype)
-            for lin in linears
-        ]
-    ).clone()
-
-
 @torch.no_grad()
 def apply_stored(model: DecoderLM, state: Mapping[str, torch.Tensor]) -> DecoderLM:
     """Replace ``model``'s linears and embedding by modules over the stored weights in
     ``state`` (see the module docstring); the compute dtype and device stay the model's.
     Returns the model, with the fused native layer path on where it qualifies."""
     dtype, device = model.dtype, model.device
-    embed_weight = stored_weight(state, _EMBED)
+    embed_weight = stored_weight(state, EMBED)
     tied = model.cfg.tie_word_embeddings
 
     def weight_of(name: str) -> StoredWeight | None:
@@ -173,7 +155,7 @@ def apply_stored(model: DecoderLM, state: Mapping[str, torch.Tensor]) -> Decoder
     layers = [f"model.layers.{i}" for i in range(len(model.model.layers))]
     in_fusion: set[str] = set()
     for layer in layers:
-        for fused, parts in _FUSED:
+        for fused, parts in FUSED:
             names = [f"{layer}.{p}" for p in parts]
             weights = [weight_of(n) for n in names]
             if any(w is None for w in weights):
@@ -182,7 +164,7 @@ def apply_stored(model: DecoderLM, state: Mapping[str, torch.Tensor]) -> Decoder
             assert all(isinstance(lin, nn.Linear) for lin in linears)
             module = stored_linear(
                 concat_rows([w for w in weights if w is not None]),
-                _bias(linears, dtype),  # type: ignore[arg-type]
+                fused_bias(linears, dtype),  # type: ignore[arg-type]
                 dtype,
                 device,
             )
