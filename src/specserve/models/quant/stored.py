@@ -20,6 +20,7 @@ it reads, in fp32 and then rounded to the compute dtype, as the dequantised mode
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from math import gcd
 
@@ -101,39 +102,29 @@ def stored_linear(
 
 
 class GroupEmbedding(nn.Module):
-    """An embedding table kept as stored codes; a lookup dequantises the rows it reads."""
+    """An embedding table kept as stored codes; a lookup dequantises the rows it reads with
+    the weight's own ``dequantize`` (fp32, then the compute dtype)."""
 
     def __init__(self, weight: StoredWeight, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.dtype = dtype
+        self.kind = type(weight)
         self.group_size = weight.group_size
-        if isinstance(weight, Int4Weight):
-            self.codes: torch.Tensor
-            self.register_buffer("codes", weight.nibbles.to(device))
-            self.int4 = True
-            offset = weight.minimum
-        else:
-            self.register_buffer("codes", weight.codes.to(device))
-            self.int4 = False
-            offset = weight.offset
-        self.scale: torch.Tensor
-        self.offset: torch.Tensor
-        self.register_buffer("scale", weight.scale.float().to(device))
-        self.register_buffer("offset", offset.float().to(device))
+        # the weight's tensors (codes or nibbles, scale, offset or minimum) as buffers
+        self.tensors = [f.name for f in dataclasses.fields(weight) if f.name != "group_size"]
+        for name in self.tensors:
+            self.register_buffer(name, getattr(weight, name).to(device))
         self.num_embeddings = weight.scale.shape[0]
         self.embedding_dim = weight.group_size * weight.scale.shape[1]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.reshape(-1)
-        codes = self.codes[ids]
-        if self.int4:
-            codes = torch.stack([codes & 0xF, codes >> 4], dim=-1)
-        rows = codes.reshape(ids.numel(), -1, self.group_size).float()
-        rows = rows * self.scale[ids][..., None] + self.offset[ids][..., None]
-        return rows.reshape(*input_ids.shape, self.embedding_dim).to(self.dtype)
+        picked = {name: getattr(self, name)[ids] for name in self.tensors}
+        rows = self.kind(group_size=self.group_size, **picked)
+        return rows.dequantize(self.dtype).reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        kind = "int4" if self.int4 else "int8"
+        kind = "int4" if self.kind is Int4Weight else "int8"
         return f"{self.num_embeddings}, {self.embedding_dim}, {kind} group={self.group_size}"
 
 
