@@ -1,9 +1,10 @@
-"""Native batch-invariant bf16 matmul for decode and verify steps (AVX2 + FMA), built on first use.
+"""Native batch-invariant bf16 matmul for decode and verify steps, built on first use.
 
 ``y = x @ w.T (+ b)`` for bf16 activations ``x # [M, K]`` and a bf16 weight ``w # [N, K]`` as
 the model stores it (no repacking, no second copy): the bf16 products are exact in fp32 and
-accumulate in a fixed order per output (``csrc/bf16_gemm.cpp``), so a row's result is bit for
-bit the same whatever ``M``, the other rows or the thread split. That is what makes greedy
+accumulate in a fixed order per output (``csrc/bf16_gemm.cpp``: ``vdpbf16ps`` where the CPU
+has AVX-512 BF16, else AVX2 FMAs), so a row's result is bit for bit the same whatever ``M``,
+the other rows or the thread split (on a given CPU: the two variants sum in different orders). That is what makes greedy
 speculative decoding in bf16 return exactly plain decoding's tokens: a ``k + 1``-row verify
 computes each row as a 1-row decode step would. It is also faster than PyTorch's bf16 linear
 on CPU for the row counts of decoding (one pass over the weights serves up to six rows).

@@ -45,8 +45,8 @@ GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")
 # written in every instantiation (batch invariance).
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off")
 # The least every kernel needs (AVX2 + FMA + F16C: Haswell, Zen 1 and later). The int4 matmul
-# also has an AVX-512 BF16 / GFNI variant, compiled instead of the AVX2 one where
-# ``-march=native`` provides those instructions.
+# also has an AVX-512 BF16 / GFNI variant and the bf16 matmul an AVX-512 BF16 one, compiled
+# instead of the AVX2 ones where ``-march=native`` provides those instructions.
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 _STALE_LOCK_S = 600.0  # a build lock older than this is left over from a killed build
 

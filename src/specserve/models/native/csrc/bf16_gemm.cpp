@@ -1,7 +1,7 @@
-// Batch-invariant bf16 GEMV/GEMM for decode and verify steps (AVX2 + FMA): y = x @ w.T (+ b)
-// for bf16 activations x [M, K] and bf16 weights w [N, K] in the model's own layout (no
-// repacking, no second copy). Registered as torch.ops.specserve.bf16_gemm; the decoder layer
-// op (decoder_layer.cpp) calls bf16_matmul directly.
+// Batch-invariant bf16 GEMV/GEMM for decode and verify steps: y = x @ w.T (+ b) for bf16
+// activations x [M, K] and bf16 weights w [N, K] in the model's own layout (no repacking, no
+// second copy). Registered as torch.ops.specserve.bf16_gemm; the decoder layer op
+// (decoder_layer.cpp) calls bf16_matmul directly.
 //
 // Why: at batch 1 a decode step is bound by reading the weights, and PyTorch's bf16 linear
 // reads them at about 60 % of this machine's bandwidth for one row; for the 2 to 16 rows of a
@@ -9,15 +9,29 @@
 // a verify cost far more than the step it replaces. Here one pass over the weights serves up
 // to 6 rows, and a verify of k + 1 rows costs little more than one decode step.
 //
-// Per output (m, n) the arithmetic is fixed, whatever M, the other rows or the thread split:
+// One variant per build (-march=native picks it). Per output (m, n) the arithmetic of a
+// variant is fixed, whatever M, the other rows or the thread split, so a row of a k + 1-row
+// verify is bit-identical to the same row decoded alone. The kernels of a variant differ only
+// in how many outputs they interleave.
+//
+// AVX2 + FMA + F16C:
 //   acc = 0 (8 fp32 lanes)
 //   for each chunk c of 16 inputs:            // w and x as fp32, exact
 //     acc = fma(w_even[c], x_even[c], acc)    // lane j: inputs 16c + 2j
 //     acc = fma(w_odd[c],  x_odd[c],  acc)    // lane j: inputs 16c + 2j + 1
 //   y = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))  (+ bias[n])
-//   out = bf16(y) or y
-// so a row of a k + 1-row verify is bit-identical to the same row decoded alone. The kernels
-// below differ only in how many outputs they interleave.
+//
+// AVX-512 BF16 (vdpbf16ps: a bf16 pair's two products, each exact in fp32, added to an fp32
+// lane one after the other; denormal inputs and results are flushed to zero):
+//   acc = 0 (16 fp32 lanes)
+//   for each chunk c of 32 inputs (a last chunk of 16 has zeros above):
+//     acc = dpbf16(acc, w[c], x[c])           // lane j: inputs 32c + 2j, 32c + 2j + 1
+//   h = acc[0..7] + acc[8..15]; y = ((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7))  (+ bias)
+// One instruction does the 32 multiply-adds the AVX2 kernel needs two conversions and two
+// FMAs per 16 inputs for, so the multi-row (verify, prefill chunk) calls, which are compute
+// bound on AVX2, run several times faster.
+//
+// Both: out = bf16(y) (round to nearest even) or y.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -34,25 +48,93 @@
 #include "int4_gemv.h"
 #include "simd.h"
 
+// The AVX-512 BF16 variant where -march=native provides it, else the AVX2 one.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define SPECSERVE_BF16_AVX512 1
+#endif
+
 namespace {
 
 using specserve_native::DenseWeight;
 
-constexpr int64_t kChunk = 16;           // inputs per step: one 32-byte load of a weight row
+#ifdef SPECSERVE_BF16_AVX512
+constexpr int64_t kChunk = 32;  // inputs per step: one 64-byte load of a weight row
+#else
+constexpr int64_t kChunk = 16;  // inputs per step: one 32-byte load of a weight row
+#endif
+constexpr int64_t kKMultiple = 16;       // K must be a multiple of this (both variants)
 constexpr int64_t kMaxRows = 6;          // rows of x per register block (with 2 weight rows)
 constexpr int64_t kTaskRows = 16;        // weight rows per unit of the thread split
 constexpr int64_t kPrefetchBytes = 512;  // ahead in each weight row's stream
 
 struct Job {
   const uint16_t* w;     // [N, K]
-  const float* xd;       // [M, K]: per chunk, its 8 even then its 8 odd inputs (fp32)
+  const void* x;         // [M, K]: AVX-512, x itself (bf16); AVX2, per chunk of 16 inputs its
+                         // 8 even then its 8 odd inputs in fp32 (split_pairs)
   const uint16_t* bias;  // [N] or null
   void* out;             // element (m, n) at out + m * ldo + n
   int64_t ldo, K, M;
   bool out_f32;
 };
 
-// x rows (bf16) -> the even/odd split fp32 layout of Job::xd.
+// y of output (m, n) from its sum, plus the bias, stored as bf16 or fp32.
+inline void store_output(const Job& j, int64_t m, int64_t n, float y) {
+  if (j.bias != nullptr) y = y + specserve_native::bf16_to_float(j.bias[n]);
+  const int64_t at = m * j.ldo + n;
+  if (j.out_f32)
+    static_cast<float*>(j.out)[at] = y;
+  else
+    static_cast<uint16_t*>(j.out)[at] = specserve_native::bf16_bits_scalar(y);
+}
+
+#ifdef SPECSERVE_BF16_AVX512
+
+inline __m512i load_chunk(const uint16_t* p) { return _mm512_loadu_si512(p); }
+// The last 16 inputs when K is an odd multiple of 16: zeros above (their products add 0).
+inline __m512i load_half(const uint16_t* p) { return _mm512_maskz_loadu_epi16(0xFFFFu, p); }
+
+template <int NR, int MR>
+inline void dot_step(__m512 (&acc)[NR][MR], const uint16_t* const (&w)[NR], const uint16_t* x,
+                     int64_t K, int64_t k, bool half) {
+  __m512i wv[NR];
+  for (int r = 0; r < NR; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+    wv[r] = half ? load_half(w[r] + k) : load_chunk(w[r] + k);
+  }
+  for (int m = 0; m < MR; ++m) {
+    const __m512i xv = half ? load_half(x + m * K + k) : load_chunk(x + m * K + k);
+    for (int r = 0; r < NR; ++r)
+      acc[r][m] = _mm512_dpbf16_ps(acc[r][m], (__m512bh)wv[r], (__m512bh)xv);
+  }
+}
+
+// The fixed-order sum of 16 lanes: halves added lane by lane, then the 8-lane order.
+inline float reduce_add16(__m512 v) {
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return specserve_native::reduce_add(_mm256_add_ps(lo, hi));
+}
+
+// Weight rows [n0, n0 + NR) against the MR rows of x from m0.
+template <int NR, int MR>
+void run_block(const Job& j, int64_t n0, int64_t m0) {
+  const int64_t K = j.K;
+  const uint16_t* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
+  const uint16_t* x = static_cast<const uint16_t*>(j.x) + m0 * K;
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + kChunk <= K; k += kChunk) dot_step<NR, MR>(acc, w, x, K, k, false);
+  if (k < K) dot_step<NR, MR>(acc, w, x, K, k, true);
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
+}
+
+#else  // AVX2
+
+// x rows (bf16) -> the even/odd split fp32 layout of Job::x.
 void split_pairs(const uint16_t* x, float* xd, int64_t M, int64_t K) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t i = 0; i < M * K; i += kChunk) {
@@ -69,7 +151,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   const int64_t K = j.K;
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
-  const float* x = j.xd + m0 * K;
+  const float* x = static_cast<const float*>(j.x) + m0 * K;
   __m256 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
@@ -98,20 +180,12 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
       }
     }
   }
-  for (int r = 0; r < NR; ++r) {
-    const int64_t n = n0 + r;
-    const float b = j.bias != nullptr ? specserve_native::bf16_to_float(j.bias[n]) : 0.0f;
-    for (int m = 0; m < MR; ++m) {
-      float y = specserve_native::reduce_add(acc[r][m]);
-      if (j.bias != nullptr) y = y + b;
-      const int64_t at = (m0 + m) * j.ldo + n;
-      if (j.out_f32)
-        static_cast<float*>(j.out)[at] = y;
-      else
-        static_cast<uint16_t*>(j.out)[at] = specserve_native::bf16_bits_scalar(y);
-    }
-  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m)
+      store_output(j, m0 + m, n0 + r, specserve_native::reduce_add(acc[r][m]));
 }
+
+#endif  // SPECSERVE_BF16_AVX512
 
 template <int NR>
 void run_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows) {
@@ -143,6 +217,13 @@ void run_range(const Job& j, int64_t begin, int64_t end) {
   } else if (j.M == 3) {
     for (; n + 4 <= end; n += 4) run_block<4, 3>(j, n, 0);
   } else {
+#ifdef SPECSERVE_BF16_AVX512
+    for (; n + 4 <= end; n += 4)
+      for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
+        const int64_t m0 = block_start(j.M, i);
+        run_rows<4>(j, n, m0, block_start(j.M, i + 1) - m0);
+      }
+#endif
     for (; n + 2 <= end; n += 2)
       for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
         const int64_t m0 = block_start(j.M, i);
@@ -163,11 +244,23 @@ namespace specserve_native {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
+#ifdef SPECSERVE_BF16_AVX512
+const char* const kBf16Variant = "AVX-512 BF16";
+bool bf16_cpu_supported() {
+  __builtin_cpu_init();
+  return avx2_supported() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+}
+#else
+const char* const kBf16Variant = "AVX2 / FMA / F16C";
+bool bf16_cpu_supported() { return avx2_supported(); }
+#endif
+
 DenseWeight dense_weight(const Tensor& w, const char* what) {
   STD_TORCH_CHECK(w.is_cpu() && w.scalar_type() == ScalarType::BFloat16 && w.dim() == 2 &&
                       w.is_contiguous(),
                   what, ": the weight must be a contiguous CPU bf16 tensor [N, K]");
-  STD_TORCH_CHECK(w.size(1) % kChunk == 0, what, ": K = ", w.size(1),
+  STD_TORCH_CHECK(w.size(1) % kKMultiple == 0, what, ": K = ", w.size(1),
                   " is not a multiple of 16");
   return DenseWeight{static_cast<const uint16_t*>(w.const_data_ptr()), w.size(0), w.size(1)};
 }
@@ -178,11 +271,15 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
   const int64_t K = parts[0].w.K;
   for (int i = 0; i < count; ++i)
     STD_TORCH_CHECK(parts[i].w.K == K, "bf16_matmul_many: weights of different widths");
+#ifdef SPECSERVE_BF16_AVX512
+  const void* xp = x;  // vdpbf16ps takes the bf16 pairs as they are
+#else
   // Per calling thread, reused: the split inputs are small (M x K fp32).
   thread_local std::vector<float> xd;
   xd.resize(static_cast<size_t>(M * K));
   split_pairs(x, xd.data(), M, K);
-  const float* xdp = xd.data();  // the worker threads have thread_locals of their own
+  const void* xp = xd.data();  // the worker threads have thread_locals of their own
+#endif
   // Units of kTaskRows weight rows, numbered across the parts in order; a task holds at
   // least 128 KiB / (M + 1) of weights, so small matrices stay on one thread.
   std::vector<int64_t> first_unit(count + 1, 0);
@@ -196,7 +293,7 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
       const int64_t lo = std::max(b, first_unit[i]), hi = std::min(e, first_unit[i + 1]);
       if (lo >= hi) continue;
       const DenseMatmul& p = parts[i];
-      const Job job{p.w.data, xdp, p.bias, p.out, ldo, K, M, out_f32};
+      const Job job{p.w.data, xp, p.bias, p.out, ldo, K, M, out_f32};
       const int64_t u0 = lo - first_unit[i], u1 = hi - first_unit[i];
       run_range(job, u0 * kTaskRows, std::min(p.w.N, u1 * kTaskRows));
     }
@@ -217,7 +314,8 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 Tensor bf16_gemm(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
-  STD_TORCH_CHECK(specserve_native::avx2_supported(), "bf16_gemm: this CPU lacks AVX2 / FMA / F16C");
+  STD_TORCH_CHECK(specserve_native::bf16_cpu_supported(), "bf16_gemm: this CPU lacks ",
+                  specserve_native::kBf16Variant);
   STD_TORCH_CHECK(x_in.is_cpu() && x_in.dim() == 2, "bf16_gemm: x must be a CPU tensor [M, K]");
   const ScalarType xt = x_in.scalar_type();
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,

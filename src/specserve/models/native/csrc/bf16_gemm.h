@@ -8,6 +8,11 @@
 
 namespace specserve_native {
 
+// The instruction set bf16_matmul was built for ("AVX-512 BF16" or "AVX2 / FMA / F16C"), and
+// whether this CPU has it.
+extern const char* const kBf16Variant;
+bool bf16_cpu_supported();
+
 // A bf16 weight as the model stores it: row-major [N, K], K a multiple of 16.
 struct DenseWeight {
   const uint16_t* data;
