@@ -14,10 +14,12 @@ int32 ``# [T]`` and ``hidden.<i>`` ``# [T - 1, features]`` stored as bf16, and t
 length in the metadata), plus ``generation.json`` listing the conversations done; a rerun
 skips those (resume).
 
-Which dtype generates is the caller's choice (``train-draft --dtype``): many rows at once
-(``max_num_seqs`` replies, prompt chunks) are compute bound, where PyTorch's fp32 matmuls
-outrun the bf16 layer kernels made for short decode steps; the hidden states of an fp32
-target differ from a bf16 one's by bf16 rounding, far below what a head learns from.
+Which format and dtype generate is the caller's choice (``train-draft --weights/--dtype``;
+by default the format ``serve`` runs the target in, so the head learns the hidden states it
+will read). Many rows at once (``max_num_seqs`` replies, prompt chunks) are compute bound:
+on a CPU without AVX-512 BF16, PyTorch's fp32 matmuls outrun the native kernels made for
+short decode steps, at about twice the weights' memory; the hidden states of the formats
+differ by rounding and quantisation, far below what a head learns from.
 """
 
 from __future__ import annotations

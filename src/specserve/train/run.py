@@ -27,6 +27,7 @@ import torch
 
 from specserve.config import HEAD_METHODS
 from specserve.dtypes import torch_dtype
+from specserve.loading.gguf_stored import default_format
 from specserve.loading.head_writer import eagle3_head_config, medusa_head_config, write_head
 from specserve.loading.loader import LoadedModel
 from specserve.loading.quant_cache import load_in_format
@@ -64,7 +65,7 @@ class TrainDraftOptions:
     num_prompts: int = 64
     max_tokens: int = 160
     weights: str | None = None
-    dtype: str = "float32"
+    dtype: str = "bfloat16"
     work: Path | None = None
     resume: bool = False
     max_num_seqs: int = 32
@@ -132,7 +133,10 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         conversations = builtin_conversations(opts.num_prompts, opts.train.seed)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    target = load_in_format(opts.model, opts.weights, torch_dtype(opts.dtype))  # type: ignore[arg-type]
+    # The format `serve` would run the target in: a quantised GGUF's blocks as stored
+    # (`gguf`) unless fp32 is asked for, so the head learns the hidden states it will read.
+    weights = opts.weights or default_format(opts.model, "cpu", opts.dtype)
+    target = load_in_format(opts.model, weights, torch_dtype(opts.dtype))  # type: ignore[arg-type]
     timings["load_s"] = time.perf_counter() - t0
     arch = target.arch
     layers = recorded_layers(arch.num_layers)
@@ -206,7 +210,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     training = {
         "method": opts.method,
         "target": opts.model,
-        "target_weights": opts.weights or opts.dtype,
+        "target_weights": weights or opts.dtype,
         "command": opts.command or " ".join(sys.argv),
         "data": str(opts.data)
         if opts.data
