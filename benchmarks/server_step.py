@@ -15,7 +15,7 @@ from the engine's step statistics, in the server from the growth of the
 the TPOT (decode time per output token after the first, wall clock: in process around the
 steps, server from the stream), then the server / in-process ratios. A step ratio near 1.00
 says the server's steps do the same model work; a TPOT ratio near 1.00 says serving adds
-nothing between steps either.
+nothing between steps either. Last, the server process's peak RSS (its VmHWM).
 
     .venv/bin/python benchmarks/server_step.py --max-tokens 64 -- \\
         --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
@@ -123,7 +123,21 @@ def _stream(base_url: str, ids: list[int], max_tokens: int) -> tuple[int, float]
     return tokens, last - first
 
 
-def through_server(flags: list[str], prompts: list[list[int]], max_tokens: int) -> list[Side]:
+def _peak_rss_gib(pid: int | None) -> float | None:
+    """VmHWM of a running process (Linux), GiB; None where unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def through_server(
+    flags: list[str], prompts: list[list[int]], max_tokens: int
+) -> tuple[list[Side], float | None]:
+    """The server side of every prompt, and the server process's peak RSS (GiB) at the end."""
     log = Path(tempfile.mkdtemp(prefix="server-step-")) / "server.log"
     with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
         _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
@@ -133,7 +147,8 @@ def through_server(flags: list[str], prompts: list[list[int]], max_tokens: int) 
             tokens, decode_s = _stream(srv.base_url, ids, max_tokens)
             s1, c1 = _step_totals(srv.base_url)
             sides.append(Side(int(c1 - c0), s1 - s0, tokens, decode_s))
-    return sides
+        peak = _peak_rss_gib(srv.pid)
+    return sides, peak
 
 
 def main() -> int:
@@ -153,7 +168,7 @@ def main() -> int:
         tokenizer.encode_chat([{"role": "user", "content": suite[name].text}]) for name in wanted
     ]
     local = in_process(serve_args, prompts, args.max_tokens)
-    served = through_server(flags, prompts, args.max_tokens)
+    served, peak = through_server(flags, prompts, args.max_tokens)
     print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
     print("| prompt | ms/step in process | ms/step server | server/in process | "
           "TPOT ms in process | TPOT ms server | server/in process | tokens |")  # fmt: skip
@@ -164,6 +179,7 @@ def main() -> int:
             f"{b.ms_per_step / a.ms_per_step:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
             f"{b.tpot_ms / a.tpot_ms:.2f} | {a.tokens} / {b.tokens} |"
         )
+    print(f"server peak RSS: {'unknown' if peak is None else f'{peak:.2f} GiB'}")
     return 0
 
 

@@ -4,11 +4,33 @@ A *slot* holds the key and value of one token in one layer. Slot ``s`` lives in 
 ``s // block_size`` at offset ``s % block_size``; the block pool (``block_pool.py``) decides
 which blocks a request owns, this module only stores tensors. Block 0 is reserved as a scratch
 block: padded (not real) tokens of a batch write there, and no request ever owns it.
+
+On CPU the tensors live in an anonymous memory mapping: they read as zeros, and a page takes
+memory only once a token's key or value is written into it. A cache sized for the longest
+sequences of every lane (a draft model's, for instance) then costs the memory of the tokens
+it holds, not of its capacity.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+
+def zeros_on_demand(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A zero tensor; on CPU backed by an anonymous private mapping (zero-filled by the
+    kernel, each page committed on its first write), elsewhere ``torch.zeros``."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)  # the tensor keeps buf alive
 
 
 class KVCacheTensors:
@@ -36,8 +58,8 @@ class KVCacheTensors:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros_on_demand(shape, dtype, device)
+        self.v = zeros_on_demand(shape, dtype, device)
         # Per-layer views, made once: indexing ``self.k[layer]`` costs a dispatched op on
         # every write and read, several per layer of every decode step.
         self._k_layers = list(self.k.unbind(0))
