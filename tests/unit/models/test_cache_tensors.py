@@ -48,5 +48,6 @@ def test_capacity_costs_no_memory_until_written() -> None:
     assert written - before < 64, (before, written)
     k, v = kv.gather(3, slots.view(1, -1))
     assert torch.equal(k, torch.ones(1, 64, 2, 64, dtype=torch.bfloat16))
+    assert torch.equal(v, k)
     k0, _ = kv.gather(3, torch.arange(100, 110).view(1, -1))
     assert not k0.any()

@@ -4,10 +4,11 @@
 the model stores it (no repacking, no second copy): the bf16 products are exact in fp32 and
 accumulate in a fixed order per output (``csrc/bf16_gemm.cpp``: ``vdpbf16ps`` where the CPU
 has AVX-512 BF16, else AVX2 FMAs), so a row's result is bit for bit the same whatever ``M``,
-the other rows or the thread split (on a given CPU: the two variants sum in different orders). That is what makes greedy
-speculative decoding in bf16 return exactly plain decoding's tokens: a ``k + 1``-row verify
-computes each row as a 1-row decode step would. It is also faster than PyTorch's bf16 linear
-on CPU for the row counts of decoding (one pass over the weights serves up to six rows).
+the other rows or the thread split (on a given CPU: the two variants sum in different
+orders). That is what makes greedy speculative decoding in bf16 return exactly plain
+decoding's tokens: a ``k + 1``-row verify computes each row as a 1-row decode step would. It
+is also faster than PyTorch's bf16 linear on CPU for the row counts of decoding (one pass over
+the weights serves up to six rows).
 
 Used by the fused bf16 decoder layer (``fused_layer.py``, op
 ``torch.ops.specserve.bf16_decoder_layer``) and for the LM head of bf16 models
