@@ -102,9 +102,11 @@ def test_profile_step_reports_ops() -> None:
         cache.forward([1])
         cache.truncate(len(PROMPT))
 
-    prof = profile_step(step, num_steps=3)
+    prof = profile_step(step, num_steps=3, top=1000)  # every op: the order is timing's
     assert prof.step_ms > 0 and prof.num_ops_per_step > 10
     assert any("linear" in name or "mm" in name for name, _, _ in prof.top_ops)
+    times = [ms for _, ms, _ in prof.top_ops]
+    assert times == sorted(times, reverse=True)
 
 
 def test_verify_chunk_equals_decode_in_bf16_int8() -> None:
