@@ -206,8 +206,18 @@ inline int64_t block_start(int64_t M, int64_t i) {
   return i * base + std::min(i, extra);
 }
 
+// Weight rows [n, n + NR) against every row block of x.
+template <int NR>
+void run_row_blocks(const Job& j, int64_t n) {
+  for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
+    const int64_t m0 = block_start(j.M, i);
+    run_rows<NR>(j, n, m0, block_start(j.M, i + 1) - m0);
+  }
+}
+
 // Weight rows [begin, end), all rows of x: several weight rows at a time when x has few rows
-// (independent FMA chains to cover the latency), else 2 weight rows per row block.
+// (independent FMA chains to cover the latency), else 2 weight rows per row block (4 on
+// AVX-512, with its 32 registers).
 void run_range(const Job& j, int64_t begin, int64_t end) {
   int64_t n = begin;
   if (j.M == 1) {
@@ -218,23 +228,11 @@ void run_range(const Job& j, int64_t begin, int64_t end) {
     for (; n + 4 <= end; n += 4) run_block<4, 3>(j, n, 0);
   } else {
 #ifdef SPECSERVE_BF16_AVX512
-    for (; n + 4 <= end; n += 4)
-      for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
-        const int64_t m0 = block_start(j.M, i);
-        run_rows<4>(j, n, m0, block_start(j.M, i + 1) - m0);
-      }
+    for (; n + 4 <= end; n += 4) run_row_blocks<4>(j, n);
 #endif
-    for (; n + 2 <= end; n += 2)
-      for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
-        const int64_t m0 = block_start(j.M, i);
-        run_rows<2>(j, n, m0, block_start(j.M, i + 1) - m0);
-      }
+    for (; n + 2 <= end; n += 2) run_row_blocks<2>(j, n);
   }
-  for (; n < end; ++n)
-    for (int64_t i = 0; i < num_row_blocks(j.M); ++i) {
-      const int64_t m0 = block_start(j.M, i);
-      run_rows<1>(j, n, m0, block_start(j.M, i + 1) - m0);
-    }
+  for (; n < end; ++n) run_row_blocks<1>(j, n);
 }
 
 }  // namespace

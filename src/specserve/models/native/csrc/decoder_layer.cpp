@@ -434,6 +434,8 @@ Tensor bf16_decoder_layer(
           k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
           num_kv_heads, eps};
   L.check();
+  STD_TORCH_CHECK(specserve_native::bf16_cpu_supported(), op, ": this CPU lacks ",
+                  specserve_native::kBf16Variant);
   const int64_t H = L.H, q_dim = L.nh * L.hd, kv_dim = L.nkv * L.hd;
   const DenseWeight q = specserve_native::dense_weight(q_w, "q_proj");
   const DenseWeight k = specserve_native::dense_weight(k_w, "k_proj");
