@@ -15,7 +15,10 @@ from the engine's step statistics, in the server from the growth of the
 the TPOT (decode time per output token after the first, wall clock: in process around the
 steps, server from the stream), then the server / in-process ratios. A step ratio near 1.00
 says the server's steps do the same model work; a TPOT ratio near 1.00 says serving adds
-nothing between steps either. Last, the server process's peak RSS (its VmHWM).
+nothing between steps either. Both sides are loaded at once and each prompt is decoded in
+process and then through the server, ``--rounds`` times, so each pair runs seconds apart on
+a host whose speed drifts over minutes; the summary line gives the median of the pairs'
+ratios. Last, the server process's peak RSS (its VmHWM).
 
     .venv/bin/python benchmarks/server_step.py --max-tokens 64 -- \\
         --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -66,30 +70,35 @@ class Side:
         return 1e3 * self.decode_s / max(self.tokens - 1, 1)
 
 
-def in_process(
-    serve_args: argparse.Namespace, prompts: list[list[int]], max_tokens: int
-) -> list[Side]:
-    engine = build_engine(engine_config_from_args(serve_args))
-    model_s: list[float] = []  # per step: draft + verify time, as the server's metrics sum
-    engine.add_step_listener(lambda st: model_s.append(st.draft_s + st.verify_s))
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    engine.add_request("warm-up", prompts[0], SamplingParams(max_tokens=8, temperature=0.0))
-    while engine.has_unfinished_requests():
-        engine.step()
-    sides = []
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"p{i}", ids, params)
-        model_s.clear()
-        tokens, first, last = 0, 0.0, 0.0
-        while engine.has_unfinished_requests():
-            new = sum(len(o.new_token_ids) for o in engine.step())
-            now = time.perf_counter()
-            if new:
-                first = first or now
-                last = now
-            tokens += new
-        sides.append(Side(len(model_s), sum(model_s), tokens, last - first))
-    return sides
+class InProcess:
+    """The engine the server wraps, built in this process and driven step by step."""
+
+    def __init__(self, serve_args: argparse.Namespace, warm_up: list[int]) -> None:
+        self.engine = build_engine(engine_config_from_args(serve_args))
+        self.model_s: list[float] = []  # per step: draft + verify time, as the server sums
+        self.engine.add_step_listener(lambda st: self.model_s.append(st.draft_s + st.verify_s))
+        self.engine.add_request("warm-up", warm_up, SamplingParams(max_tokens=8, temperature=0.0))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        self._n = 0
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> list[Side]:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        sides = []
+        for ids in prompts:
+            self._n += 1
+            self.engine.add_request(f"p{self._n}", ids, params)
+            self.model_s.clear()
+            tokens, first, last = 0, 0.0, 0.0
+            while self.engine.has_unfinished_requests():
+                new = sum(len(o.new_token_ids) for o in self.engine.step())
+                now = time.perf_counter()
+                if new:
+                    first = first or now
+                    last = now
+                tokens += new
+            sides.append(Side(len(self.model_s), sum(self.model_s), tokens, last - first))
+        return sides
 
 
 def _step_totals(base_url: str) -> tuple[float, float]:
@@ -134,21 +143,15 @@ def _peak_rss_gib(pid: int | None) -> float | None:
     return None
 
 
-def through_server(
-    flags: list[str], prompts: list[list[int]], max_tokens: int
-) -> tuple[list[Side], float | None]:
-    """The server side of every prompt, and the server process's peak RSS (GiB) at the end."""
-    log = Path(tempfile.mkdtemp(prefix="server-step-")) / "server.log"
-    with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
-        _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
-        sides = []
-        for ids in prompts:
-            s0, c0 = _step_totals(srv.base_url)
-            tokens, decode_s = _stream(srv.base_url, ids, max_tokens)
-            s1, c1 = _step_totals(srv.base_url)
-            sides.append(Side(int(c1 - c0), s1 - s0, tokens, decode_s))
-        peak = _peak_rss_gib(srv.pid)
-    return sides, peak
+def through_server(base_url: str, prompts: list[list[int]], max_tokens: int) -> list[Side]:
+    """The server side of every prompt."""
+    sides = []
+    for ids in prompts:
+        s0, c0 = _step_totals(base_url)
+        tokens, decode_s = _stream(base_url, ids, max_tokens)
+        s1, c1 = _step_totals(base_url)
+        sides.append(Side(int(c1 - c0), s1 - s0, tokens, decode_s))
+    return sides
 
 
 def main() -> int:
@@ -157,6 +160,10 @@ def main() -> int:
     )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompts", default="palindrome,cat", help="ids of the perf suite")
+    p.add_argument(
+        "--rounds", type=int, default=2,
+        help="rounds of (each prompt in process, then the same through the server)",
+    )  # fmt: skip
     p.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then specserve serve flags")
     args = p.parse_args()
     flags = [f for f in args.serve_flags if f != "--"]
@@ -167,18 +174,34 @@ def main() -> int:
     prompts = [
         tokenizer.encode_chat([{"role": "user", "content": suite[name].text}]) for name in wanted
     ]
-    local = in_process(serve_args, prompts, args.max_tokens)
-    served, peak = through_server(flags, prompts, args.max_tokens)
-    print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
-    print("| prompt | ms/step in process | ms/step server | server/in process | "
-          "TPOT ms in process | TPOT ms server | server/in process | tokens |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for name, a, b in zip(wanted, local, served, strict=True):
+    log = Path(tempfile.mkdtemp(prefix="server-step-")) / "server.log"
+    with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
+        _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
+        local = InProcess(serve_args, prompts[0])
+        print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
+        print("| round | prompt | ms/step in process | ms/step server | server/in process | "
+              "TPOT ms in process | TPOT ms server | server/in process | tokens |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
+        step_ratios: list[float] = []
+        tpot_ratios: list[float] = []
+        for round_ in range(1, args.rounds + 1):
+            for name, ids in zip(wanted, prompts, strict=True):  # each pair minutes apart at most
+                (a,) = local.run([ids], args.max_tokens)
+                (b,) = through_server(srv.base_url, [ids], args.max_tokens)
+                step_ratios.append(b.ms_per_step / a.ms_per_step)
+                tpot_ratios.append(b.tpot_ms / a.tpot_ms)
+                print(
+                    f"| {round_} | {name} | {a.ms_per_step:.1f} | {b.ms_per_step:.1f} | "
+                    f"{step_ratios[-1]:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
+                    f"{tpot_ratios[-1]:.2f} | {a.tokens} / {b.tokens} |",
+                    flush=True,
+                )
         print(
-            f"| {name} | {a.ms_per_step:.1f} | {b.ms_per_step:.1f} | "
-            f"{b.ms_per_step / a.ms_per_step:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
-            f"{b.tpot_ms / a.tpot_ms:.2f} | {a.tokens} / {b.tokens} |"
+            f"median of {len(tpot_ratios)} pairs, server / in process: "
+            f"ms/step {statistics.median(step_ratios):.2f}, "
+            f"TPOT {statistics.median(tpot_ratios):.2f}"
         )
+        peak = _peak_rss_gib(srv.pid)
     print(f"server peak RSS: {'unknown' if peak is None else f'{peak:.2f} GiB'}")
     return 0
 

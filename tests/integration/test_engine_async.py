@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -119,3 +120,37 @@ async def test_shutdown_drains_then_refuses() -> None:
     assert outs[-1].finished and outs[-1].finish_reason in ("stop", "length")
     with pytest.raises(EngineShutdownError):
         await collect(engine, "b", [1, 2], SamplingParams())
+
+
+async def test_from_config_builds_on_the_step_thread() -> None:
+    """The models load on the thread that steps them: one OpenMP master in the process."""
+    seen: list[threading.Thread] = []
+
+    def build() -> LLMEngine:
+        seen.append(threading.current_thread())
+        return LLMEngine(make_tiny_model("qwen2"), cache=CacheConfig(block_size=4, num_blocks=64))
+
+    engine = await asyncio.to_thread(AsyncEngine.build_on_step_thread, build)
+    assert seen == [engine._thread]
+    outs = await collect(engine, "a", [1, 2, 3], SamplingParams(max_tokens=4))
+    ref = generate_plain(
+        engine.engine.model, [1, 2, 3], SamplingParams(max_tokens=4), engine.arch.eos_token_ids
+    )
+    assert tokens(outs) == ref.token_ids
+    await engine.shutdown()
+
+
+async def test_build_failure_reaches_the_caller_and_ends_the_thread() -> None:
+    seen: list[threading.Thread] = []
+
+    def build() -> LLMEngine:
+        seen.append(threading.current_thread())
+        raise ValueError("no such model: nope")
+
+    with pytest.raises(ValueError, match="no such model: nope"):
+        await asyncio.to_thread(AsyncEngine.build_on_step_thread, build)
+    for _ in range(200):  # the thread returns right after handing the error over
+        if not seen[0].is_alive():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the step thread outlived its failed build")

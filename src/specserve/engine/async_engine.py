@@ -3,15 +3,24 @@
 One background thread runs the step loop (torch releases the GIL inside kernels, so the event
 loop stays responsive). Requests and aborts reach that thread through an inbox; each step's
 outputs go back to the per-request ``asyncio.Queue`` in one ``loop.call_soon_threadsafe``.
+
+:meth:`AsyncEngine.from_config` loads the models on that same thread, so the step thread is
+the only thread of the serving process that runs torch's parallel regions. That matters on
+CPU: every thread that starts an OpenMP parallel region keeps a team of worker threads of its
+own, and once the process holds more OpenMP threads than there are CPUs, GNU OpenMP spins
+only briefly before a worker sleeps, so each of a step's many parallel regions starts by
+waking one. Loading on one thread and stepping on another made each step 10–20 % slower
+(``benchmarks/engine_thread.py`` shows the effect).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +70,13 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine, tokenizer: Any = None) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
-        self.arch: ArchConfig = engine.model.cfg
-        self.model_name = engine.model_name
-        self.max_model_len = engine.max_model_len
+        """Wrap an engine that is already built and start stepping it on a new thread."""
+        self._init_state()
+        self._attach(engine, tokenizer)
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._thread.start()
+
+    def _init_state(self) -> None:
         self._cv = threading.Condition()
         self._inbox: list[_Add | _Abort] = []
         self._num_pending_adds = 0
@@ -73,15 +84,46 @@ class AsyncEngine:
         self._stopping = False
         self._dead: BaseException | None = None
         self._rejected: dict[str, int] = {}
+
+    def _attach(self, engine: LLMEngine, tokenizer: Any = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        self.arch: ArchConfig = engine.model.cfg
+        self.model_name = engine.model_name
+        self.max_model_len = engine.max_model_len
         self._stats = engine.stats()
-        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
-        self._thread.start()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
         """Load the target (and the draft, for method ``draft``) and build the engine."""
-        engine = build_engine(config)
-        return cls(engine)
+        return cls.build_on_step_thread(lambda: build_engine(config))
+
+    @classmethod
+    def build_on_step_thread(cls, build: Callable[[], LLMEngine]) -> AsyncEngine:
+        """Start the step thread, run ``build`` on it, and return once the engine is built.
+
+        The models are loaded (and their first ops run) on the thread that will step them, so
+        no second thread of the process ever starts a parallel region (see the module
+        docstring). Blocks the caller until ``build`` returns; re-raises what it raised, and
+        the thread then ends.
+        """
+        self = cls.__new__(cls)
+        self._init_state()
+        built: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def boot() -> None:
+            try:
+                self._attach(build())
+            except BaseException as exc:
+                built.set_exception(exc)
+                return
+            built.set_result(None)
+            self._run()
+
+        self._thread = threading.Thread(target=boot, name="specserve-engine", daemon=True)
+        self._thread.start()
+        built.result()
+        return self
 
     # --- client side (event loop) ------------------------------------------------------------
 

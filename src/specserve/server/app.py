@@ -1,11 +1,12 @@
 """The FastAPI app: routes, readiness, lifespan (model loading and draining shutdown).
 
 Startup order (chosen so orchestrators can tell "alive" from "ready"): the app binds and
-answers ``/health`` immediately, while the engine is built in a worker thread. Until the
-model is loaded ``/v1/models`` and ``/ready`` answer 503 and generation requests get 503, so
-a Kubernetes startup/readiness probe should poll ``/v1/models`` (or ``/ready``) and a
-liveness probe ``/health``. If loading fails, ``on_load_failure`` is called (the ``serve``
-command then exits non-zero).
+answers ``/health`` immediately, while a worker thread calls the engine factory (``serve``'s
+factory, ``AsyncEngine.from_config``, loads the models on the engine's own step thread and
+returns once they are loaded). Until the model is loaded ``/v1/models`` and ``/ready`` answer
+503 and generation requests get 503, so a Kubernetes startup/readiness probe should poll
+``/v1/models`` (or ``/ready``) and a liveness probe ``/health``. If loading fails,
+``on_load_failure`` is called (the ``serve`` command then exits non-zero).
 
 Shutdown (SIGTERM under uvicorn): the listener closes, in-flight requests run to completion,
 then the lifespan marks the state draining and shuts the engine down with ``drain=True``.
@@ -53,7 +54,7 @@ def create_app(
         served_model_name: the name clients put in ``model`` (the engine's own
             ``model_name`` is accepted too).
         engine: an engine that is already loaded (tests, embedding).
-        engine_factory: builds the engine; run in a worker thread at startup.
+        engine_factory: builds the engine; called from a worker thread at startup.
         on_load_failure: called with the exception if ``engine_factory`` fails.
         shutdown_engine: shut the engine down (draining) when the app stops.
     """
