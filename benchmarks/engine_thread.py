@@ -1,12 +1,13 @@
-"""One engine stepped from the main thread and from a second thread of the same process.
+"""One engine stepped from the thread that built it and from a second thread, alternately.
 
-``specserve serve`` runs its engine on a thread of its own beside the asyncio loop; this
-builds the engine the given ``specserve serve`` flags describe, then decodes the same request
-(``--max-tokens`` tokens, greedy, EOS ignored) alternately from the main thread and from a new
-``threading.Thread``, ``--pairs`` times, and prints the median and mean step time of each.
-Equal columns say the thread costs nothing; the server's TPOT cannot be closer to the
-in-process loop than the second column is to the first. Environment variables of the OpenMP
-runtime (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) can be set for the whole run.
+Builds the engine the given ``specserve serve`` flags describe on the main thread, then
+decodes the same request (``--max-tokens`` tokens, greedy, EOS ignored) alternately from the
+main thread and from a new ``threading.Thread``, ``--pairs`` times, and prints the median and
+mean step time of each. Each thread that runs torch's parallel regions keeps an OpenMP team
+of its own; with two teams on a 2-core machine GNU OpenMP throttles its spinning and the
+second column comes out slower. ``specserve serve`` therefore loads its models on the thread
+that steps them (``AsyncEngine.from_config``). Environment variables of the OpenMP runtime
+(``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) can be set for the whole run.
 
     .venv/bin/python benchmarks/engine_thread.py -- --model qwen2.5-coder-1.5b-instruct
 

@@ -51,3 +51,18 @@ def test_study_example_is_priced_as_the_study_instance() -> None:
     assert pricing is not None and pricing.instance == "trn2.48xlarge"
     assert pricing.instances_per_arm == 0.5  # both arms on one instance, as in the study
     assert pricing.usd_per_million(10.0) == pytest.approx(35.76 * 0.5 / 3600 / 10 * 1e6)
+
+
+def test_study_load_example_drafts_at_every_batch_size() -> None:
+    # docs/benchmarks.md, "At the study's load": c = 4, structured, no batch limit.
+    cfg = load_config(EXAMPLES / "study-load.yaml")
+    assert cfg.servers is not None and cfg.endpoints is None and cfg.quality is None
+    s = cfg.servers
+    assert s.disable_by_batch_size is None and s.max_num_seqs == 4
+    spec = s.serve_args(speculative=True)
+    assert "--speculative-disable-by-batch-size" not in spec
+    assert spec[spec.index("--draft-weights") + 1] == "int4"
+    assert spec[spec.index("--weights") + 1] == "bf16"
+    b = cfg.benchmark
+    assert b.suites == ("structured",) and b.concurrency == (4,)
+    assert (b.num_requests, b.max_tokens, b.temperature) == (16, 64, 0.0)
