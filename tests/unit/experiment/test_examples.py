@@ -66,3 +66,13 @@ def test_study_load_example_drafts_at_every_batch_size() -> None:
     b = cfg.benchmark
     assert b.suites == ("structured",) and b.concurrency == (4,)
     assert (b.num_requests, b.max_tokens, b.temperature) == (16, 64, 0.0)
+
+
+def test_int4_server_ab_example_runs_int4_on_both_arms() -> None:
+    cfg = load_config(EXAMPLES / "int4-server-ab.yaml")
+    assert cfg.servers is not None and cfg.quality is None
+    base, spec = cfg.servers.serve_args(False), cfg.servers.serve_args(True)
+    assert base[base.index("--weights") + 1] == spec[spec.index("--weights") + 1] == "int4"
+    assert spec[spec.index("--draft-weights") + 1] == "int4"
+    assert cfg.benchmark.suites == ("structured", "open-ended")
+    assert cfg.benchmark.concurrency == (1,)
