@@ -107,23 +107,23 @@ class AsyncEngine:
         docstring). Blocks the caller until ``build`` returns; re-raises what it raised, and
         the thread then ends.
         """
-        self = cls.__new__(cls)
-        self._init_state()
+        wrapper = cls.__new__(cls)
+        wrapper._init_state()
         built: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def boot() -> None:
             try:
-                self._attach(build())
+                wrapper._attach(build())
             except BaseException as exc:
                 built.set_exception(exc)
                 return
             built.set_result(None)
-            self._run()
+            wrapper._run()
 
-        self._thread = threading.Thread(target=boot, name="specserve-engine", daemon=True)
-        self._thread.start()
+        wrapper._thread = threading.Thread(target=boot, name="specserve-engine", daemon=True)
+        wrapper._thread.start()
         built.result()
-        return self
+        return wrapper
 
     # --- client side (event loop) ------------------------------------------------------------
 
