@@ -26,6 +26,14 @@ Terms:
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
 ``probe_interval`` plain steps a request probes with a small k so that its acceptance
 estimate can recover (the text may have turned repetitive).
+
+Plain decoding is the yardstick, so its cost is measured before anything is compared with
+it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
+step, which costs nothing against plain decoding). Without that, a controller that drafted
+from its first step never timed a 1-token step; it scaled the plain cost down from its
+cheapest multi-token step by the prior slope, so on a CPU, where each extra verify token
+costs 10-20 %, k = 1 looked nearly free and it kept verifying k = 1 drafts that were
+rarely accepted (``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
 """
 
 from __future__ import annotations
@@ -235,6 +243,10 @@ class KController:
         slope = (cost[nearest] - cost[lo]) / (nearest - lo)
         return max(scaled, cost[nearest] + slope * (size - nearest))
 
+    def plain_cost_measured(self, batch_size: int = 1) -> bool:
+        """Whether a step of ``batch_size`` tokens (a plain step of that batch) was timed."""
+        return any(b * n == batch_size for b, n in self._verify_cost)
+
     def draft_cost(self, k: int, batch_size: int = 1) -> float:
         """Estimated propose time for k draft tokens."""
         per_token = self._draft_cost.get(batch_size)
@@ -259,6 +271,8 @@ class KController:
         if self.fixed_k is not None:
             return self.fixed_k
         state = self._requests.setdefault(request_id, _RequestState())
+        if not self.plain_cost_measured(batch_size):
+            return 0
         k = self.best_k(request_id, batch_size)
         if k > 0:
             state.plain_steps = 0
