@@ -24,7 +24,8 @@ ratios. Last, the server process's peak RSS (its VmHWM).
         --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
         --draft-model qwen2.5-coder-0.5b-instruct --draft-weights int4
 
-Heavy (loads the models twice, once per side): run it alone on the machine.
+Heavy (the models are loaded twice and held at once, one copy per side): run it alone on
+the machine.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then specserve serve flags")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be >= 1, got {args.rounds}")
     flags = [f for f in args.serve_flags if f != "--"]
     serve_args = build_parser().parse_args(["serve", *flags])
     tokenizer = load_tokenizer(serve_args.model)
@@ -185,7 +188,7 @@ def main() -> int:
         step_ratios: list[float] = []
         tpot_ratios: list[float] = []
         for round_ in range(1, args.rounds + 1):
-            for name, ids in zip(wanted, prompts, strict=True):  # each pair minutes apart at most
+            for name, ids in zip(wanted, prompts, strict=True):  # a pair's sides: seconds apart
                 (a,) = local.run([ids], args.max_tokens)
                 (b,) = through_server(srv.base_url, [ids], args.max_tokens)
                 step_ratios.append(b.ms_per_step / a.ms_per_step)
