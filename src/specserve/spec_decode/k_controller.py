@@ -211,18 +211,7 @@ class KController:
         prior slope.
         """
         size = batch_size * num_tokens
-        if self._cost_by_size is None:  # rebuilt after each new measurement
-            by_size: dict[int, list[float]] = {}
-            for (b, n), seconds in self._verify_cost.items():
-                by_size.setdefault(b * n, []).append(seconds)
-            # A bigger step never costs less: noisy measurements (a 3-token forward timed
-            # below a 1-token one) would make drafting look cheaper than plain decoding.
-            running = 0.0
-            self._cost_by_size = {}
-            for t in sorted(by_size):
-                running = max(running, sum(by_size[t]) / len(by_size[t]))
-                self._cost_by_size[t] = running
-        cost = self._cost_by_size
+        cost = self._measured_by_size()
         if not cost:
             return _prior_verify(size)
         if size in cost:
@@ -243,9 +232,25 @@ class KController:
         slope = (cost[nearest] - cost[lo]) / (nearest - lo)
         return max(scaled, cost[nearest] + slope * (size - nearest))
 
+    def _measured_by_size(self) -> dict[int, float]:
+        """Measured verify seconds per total step size, made non-decreasing in the size;
+        rebuilt after each new measurement."""
+        if self._cost_by_size is None:
+            by_size: dict[int, list[float]] = {}
+            for (b, n), seconds in self._verify_cost.items():
+                by_size.setdefault(b * n, []).append(seconds)
+            # A bigger step never costs less: noisy measurements (a 3-token forward timed
+            # below a 1-token one) would make drafting look cheaper than plain decoding.
+            running = 0.0
+            self._cost_by_size = {}
+            for t in sorted(by_size):
+                running = max(running, sum(by_size[t]) / len(by_size[t]))
+                self._cost_by_size[t] = running
+        return self._cost_by_size
+
     def plain_cost_measured(self, batch_size: int = 1) -> bool:
         """Whether a step of ``batch_size`` tokens (a plain step of that batch) was timed."""
-        return any(b * n == batch_size for b, n in self._verify_cost)
+        return batch_size in self._measured_by_size()
 
     def draft_cost(self, k: int, batch_size: int = 1) -> float:
         """Estimated propose time for k draft tokens."""
