@@ -83,23 +83,21 @@ class InProcess:
             self.engine.step()
         self._n = 0
 
-    def run(self, prompts: list[list[int]], max_tokens: int) -> list[Side]:
+    def run(self, ids: list[int], max_tokens: int) -> Side:
+        """Decode one prompt (greedy) to the end."""
+        self._n += 1
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        sides = []
-        for ids in prompts:
-            self._n += 1
-            self.engine.add_request(f"p{self._n}", ids, params)
-            self.model_s.clear()
-            tokens, first, last = 0, 0.0, 0.0
-            while self.engine.has_unfinished_requests():
-                new = sum(len(o.new_token_ids) for o in self.engine.step())
-                now = time.perf_counter()
-                if new:
-                    first = first or now
-                    last = now
-                tokens += new
-            sides.append(Side(len(self.model_s), sum(self.model_s), tokens, last - first))
-        return sides
+        self.engine.add_request(f"p{self._n}", ids, params)
+        self.model_s.clear()
+        tokens, first, last = 0, 0.0, 0.0
+        while self.engine.has_unfinished_requests():
+            new = sum(len(o.new_token_ids) for o in self.engine.step())
+            now = time.perf_counter()
+            if new:
+                first = first or now
+                last = now
+            tokens += new
+        return Side(len(self.model_s), sum(self.model_s), tokens, last - first)
 
 
 def _step_totals(base_url: str) -> tuple[float, float]:
@@ -144,15 +142,12 @@ def _peak_rss_gib(pid: int | None) -> float | None:
     return None
 
 
-def through_server(base_url: str, prompts: list[list[int]], max_tokens: int) -> list[Side]:
-    """The server side of every prompt."""
-    sides = []
-    for ids in prompts:
-        s0, c0 = _step_totals(base_url)
-        tokens, decode_s = _stream(base_url, ids, max_tokens)
-        s1, c1 = _step_totals(base_url)
-        sides.append(Side(int(c1 - c0), s1 - s0, tokens, decode_s))
-    return sides
+def through_server(base_url: str, ids: list[int], max_tokens: int) -> Side:
+    """One prompt through the server: its stream, and the step metrics' growth meanwhile."""
+    s0, c0 = _step_totals(base_url)
+    tokens, decode_s = _stream(base_url, ids, max_tokens)
+    s1, c1 = _step_totals(base_url)
+    return Side(int(c1 - c0), s1 - s0, tokens, decode_s)
 
 
 def main() -> int:
@@ -189,8 +184,8 @@ def main() -> int:
         tpot_ratios: list[float] = []
         for round_ in range(1, args.rounds + 1):
             for name, ids in zip(wanted, prompts, strict=True):  # a pair's sides: seconds apart
-                (a,) = local.run([ids], args.max_tokens)
-                (b,) = through_server(srv.base_url, [ids], args.max_tokens)
+                a = local.run(ids, args.max_tokens)
+                b = through_server(srv.base_url, ids, args.max_tokens)
                 step_ratios.append(b.ms_per_step / a.ms_per_step)
                 tpot_ratios.append(b.tpot_ms / a.tpot_ms)
                 print(
