@@ -25,7 +25,17 @@ Terms:
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
 ``probe_interval`` plain steps a request probes with a small k so that its acceptance
-estimate can recover (the text may have turned repetitive).
+estimate can recover (the text may have turned repetitive). A probe whose drafts are all
+rejected doubles that request's interval (up to ``max_probe_backoff`` times), one with an
+accepted draft resets it: on prose, where an n-gram proposer's rare matches are rarely
+right, each probe pays a multi-token verify for nothing, and a fixed interval kept paying it.
+
+Step sizes are explored before they are trusted: k is capped so that a step is at most twice
+the largest size already timed (a request's k + 1 tokens times the batch size). Before any
+multi-token step is timed the cost of one is the prior's guess (+2 % per token), which on a
+CPU, where each extra verify token costs 10-20 %, made a 9-token verify look almost free; a
+fresh controller's first drafts then paid 2-3 plain steps each on a text whose drafts were
+rejected. The cap reaches k = 8 within three drafting steps when drafts are accepted.
 
 Plain decoding is the yardstick, so its cost is measured before anything is compared with
 it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
@@ -79,6 +89,8 @@ class _Acceptance:
 class _RequestState:
     acceptance: _Acceptance = field(default_factory=_Acceptance)
     plain_steps: int = 0  # consecutive steps with k = 0
+    probe_backoff: int = 1  # the probe interval's current factor
+    probing: bool = False  # the last k chosen was a probe
 
 
 class KController:
@@ -92,6 +104,8 @@ class KController:
         decay: per-observation decay of a request's counts (recent steps weigh more).
         global_decay: per-observation decay of the counts over all requests.
         probe_interval: plain steps after which a request tries speculation again.
+        max_probe_backoff: largest factor a request's probe interval grows to after probes
+            whose drafts were all rejected.
         draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
         ema: weight of a new cost measurement in the running averages.
     """
@@ -105,6 +119,7 @@ class KController:
         decay: float = 0.9,
         global_decay: float = 0.98,
         probe_interval: int = 16,
+        max_probe_backoff: int = 8,
         draft_cost_prior: float = 0.1,
         ema: float = 0.2,
     ) -> None:
@@ -120,6 +135,8 @@ class KController:
             )
         if probe_interval < 1:
             raise ValueError(f"probe_interval must be >= 1, got {probe_interval}")
+        if max_probe_backoff < 1:
+            raise ValueError(f"max_probe_backoff must be >= 1, got {max_probe_backoff}")
         self.k_max = k_max
         self.fixed_k = fixed_k
         self.prior_acceptance = prior_acceptance
@@ -127,6 +144,7 @@ class KController:
         self.decay = decay
         self.global_decay = global_decay
         self.probe_interval = probe_interval
+        self.max_probe_backoff = max_probe_backoff
         self.draft_cost_prior = draft_cost_prior
         self.ema = ema
         self._global = _Acceptance()
@@ -146,6 +164,12 @@ class KController:
         if num_drafted == 0:
             return
         state = self._requests.setdefault(request_id, _RequestState())
+        if state.probing:
+            state.probing = False
+            if num_accepted:
+                state.probe_backoff = 1
+            else:
+                state.probe_backoff = min(2 * state.probe_backoff, self.max_probe_backoff)
         state.acceptance.observe(num_drafted, num_accepted, self.decay)
         self._global.observe(num_drafted, num_accepted, self.global_decay)
 
@@ -266,9 +290,18 @@ class KController:
         cost = self.draft_cost(k, batch_size) + self.verify_cost(k + 1, batch_size)
         return self.expected_tokens(request_id, k) / cost
 
+    def explored_k(self, batch_size: int = 1) -> int:
+        """Largest k whose step (``batch_size * (k + 1)`` tokens) is at most twice the
+        largest step size timed so far (0 before any step was timed)."""
+        measured = self._measured_by_size()
+        if not measured:
+            return 0
+        return max(0, min(self.k_max, 2 * max(measured) // batch_size - 1))
+
     def best_k(self, request_id: str, batch_size: int = 1) -> int:
-        """argmax_k rate(k) over 0..k_max (ties go to the smaller k)."""
-        rates = [self.rate(request_id, k, batch_size) for k in range(self.k_max + 1)]
+        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k)."""
+        limit = self.explored_k(batch_size)
+        rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     def choose_k(self, request_id: str, batch_size: int = 1) -> int:
@@ -276,6 +309,7 @@ class KController:
         if self.fixed_k is not None:
             return self.fixed_k
         state = self._requests.setdefault(request_id, _RequestState())
+        state.probing = False
         if not self.plain_cost_measured(batch_size):
             return 0
         k = self.best_k(request_id, batch_size)
@@ -283,7 +317,10 @@ class KController:
             state.plain_steps = 0
             return k
         state.plain_steps += 1
-        if state.plain_steps >= self.probe_interval and self.k_max > 0:
+        interval = self.probe_interval * state.probe_backoff
+        if state.plain_steps >= interval and self.k_max > 0:
             state.plain_steps = 0
-            return min(2, self.k_max)  # probe: cheap, and it measures positions 0 and 1
+            state.probing = True
+            # Cheap, and it measures positions 0 and 1.
+            return max(1, min(2, self.explored_k(batch_size)))
         return 0

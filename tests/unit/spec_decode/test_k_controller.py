@@ -199,5 +199,54 @@ def test_plain_cost_is_measured_before_drafting() -> None:
 def test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more() -> None:
     # Drafting from the first step timed only 2..9-token steps; the plain cost, scaled down
     # from them by the prior slope, made k = 1 look nearly free, and the controller verified
-    # rejected k = 1 drafts to the end (0.92x of plain over 48 tokens here).
-    assert _decode_rejected_drafts(KController(8), 48) >= 0.96
+    # rejected k = 1 drafts to the end (0.92x of plain over 48 tokens here). Timing plain
+    # first gave 0.97x; exploring step sizes before trusting them and backing probes off, 0.98x.
+    assert _decode_rejected_drafts(KController(8), 48) >= 0.98
+    assert _decode_rejected_drafts(KController(8), 400) >= 0.99
+
+
+def test_step_sizes_are_explored_before_they_are_trusted() -> None:
+    """A fresh controller does not jump to a 9-token verify on the prior's guess of its cost:
+    each drafting step is at most twice the largest step timed so far."""
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    assert c.explored_k() == 1 and c.choose_k("r") == 1  # the prior alone would pick 8
+    c.record_cost(0.0, 1, 0.21, 2)
+    assert c.choose_k("r") == 3
+    c.record_cost(0.0, 3, 0.22, 4)
+    assert c.choose_k("r") == 7
+    c.record_cost(0.0, 7, 0.23, 8)
+    assert c.choose_k("r") == 8
+    # Per batch size: 4 requests x 3 tokens is within twice the 8 tokens timed, 4 x 5 is not.
+    c.record_cost(0.0, 0, 0.3, 1, batch_size=4)
+    assert c.explored_k(batch_size=4) == 3 and c.choose_k("r", batch_size=4) <= 3
+
+
+def test_probe_interval_backs_off_after_rejected_probes() -> None:
+    c = KController(8, probe_interval=4, max_probe_backoff=4)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.0, 2, 0.3, 3)  # drafting is dear ...
+    for _ in range(20):
+        c.observe("r", 2, 0)  # ... and never right
+
+    def gaps(num_probes: int, accepted: int) -> list[int]:
+        out, plain = [], 0
+        while len(out) < num_probes:
+            k = c.choose_k("r")
+            if k == 0:
+                plain += 1
+                continue
+            out.append(plain)
+            plain = 0
+            c.observe("r", k, accepted)
+        return out
+
+    # Plain steps before each probe: doubling after each rejected probe, up to 4 x 4.
+    assert gaps(4, 0) == [3, 7, 15, 15]
+    gaps(1, 2)  # a probe whose drafts are accepted resets the interval
+    c.observe("r", 2, 0)  # (and the next rejected drafts turn drafting off again)
+    for _ in range(20):
+        c.observe("r", 2, 0)
+    assert gaps(1, 0) == [3]
+    with pytest.raises(ValueError, match="max_probe_backoff"):
+        KController(8, max_probe_backoff=0)
