@@ -7,15 +7,19 @@ measured side by side.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import GenerationResult, generate_plain
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -107,54 +111,103 @@ def arm_of_runs(
     return arm
 
 
-def run_specserve_plain(
-    name: str,
-    model: DecoderLM,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    eos: tuple[int, ...],
-) -> ArmResult:
-    bytes_per_token = decode_bytes_per_token(model)
-    runs = (generate_plain(model, ids, params, eos) for ids in prompts)
-    return arm_of_runs(name, runs, bytes_per_token)
+@dataclass
+class InProcessArm:
+    """A specserve arm run in this process: ``run(i, prompt_ids)`` decodes prompt ``i``
+    once (each call starts afresh: a new cache, proposer state and k controller)."""
+
+    name: str
+    run: Callable[[int, list[int]], GenerationResult]
+    bytes_per_token: int | None = None
 
 
-def run_specserve_spec(
+def plain_arm(
+    name: str, model: DecoderLM, params: SamplingParams, eos: tuple[int, ...]
+) -> InProcessArm:
+    return InProcessArm(
+        name,
+        lambda i, ids: generate_plain(model, ids, params, eos),
+        decode_bytes_per_token(model),
+    )
+
+
+def spec_arm(
     name: str,
     target: DecoderLM,
-    proposer_factory,
-    k,  # type: ignore[no-untyped-def]
-    prompts: list[list[int]],
+    proposer_factory: Callable[[], Any],
+    k: int | Callable[[], Any],
     params: SamplingParams,
     eos: tuple[int, ...],
-) -> ArmResult:
+) -> InProcessArm:
     """Unfused speculative loop (``spec_decode/speculative_loop.py``); ``k`` an int or a
-    controller factory."""
+    controller factory (a new controller per decode, as a new server would start)."""
     from specserve.spec_decode.speculative_loop import generate_speculative
 
-    def runs() -> Iterator[GenerationResult]:
-        for i, ids in enumerate(prompts):
-            kk = k() if callable(k) else k
-            yield generate_speculative(
-                target, proposer_factory(), ids, params, eos, kk, request_id=str(i)
-            )
+    def run(i: int, ids: list[int]) -> GenerationResult:
+        kk = k() if callable(k) else k
+        return generate_speculative(
+            target, proposer_factory(), ids, params, eos, kk, request_id=str(i)
+        )
 
-    return arm_of_runs(name, runs())
+    return InProcessArm(name, run)
 
 
-def run_specserve_fused(
+def fused_arm(
     name: str,
     target: DecoderLM,
     draft: DecoderLM,
     k: int,
-    prompts: list[list[int]],
     params: SamplingParams,
     eos: tuple[int, ...],
-) -> ArmResult:
+) -> InProcessArm:
     from specserve.spec_decode.fused_loop import generate_fused_greedy
 
-    runs = (generate_fused_greedy(target, draft, ids, params, eos, k) for ids in prompts)
-    return arm_of_runs(name, runs)
+    return InProcessArm(
+        name, lambda i, ids: generate_fused_greedy(target, draft, ids, params, eos, k)
+    )
+
+
+def run_interleaved(
+    arms: Sequence[InProcessArm],
+    prompts: list[list[int]],
+    rounds: int = 1,
+    on_run: Callable[[str, int, GenerationResult], None] | None = None,
+) -> list[ArmResult]:
+    """Decode every prompt with every arm, ``rounds`` times, interleaved so that the arms of
+    one prompt run seconds apart: a round takes the prompts in order and, for each, the arms
+    one after the other (in reverse order every other round, so that no arm always follows
+    the same one). Per arm and prompt the result is the median run by decode time (its
+    tokens, forwards and times together); on a host whose speed drifts over minutes that
+    keeps the arms' ratios from following the drift.
+
+    Raises:
+        ValueError: ``rounds`` < 1.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    runs: dict[tuple[int, int], list[GenerationResult]] = {}
+    for r in range(rounds):
+        order = list(enumerate(arms)) if r % 2 == 0 else list(enumerate(arms))[::-1]
+        for i, ids in enumerate(prompts):
+            for a, arm in order:
+                result = arm.run(i, ids)
+                if on_run is not None:
+                    on_run(arm.name, i, result)
+                runs.setdefault((a, i), []).append(result)
+    out = []
+    for a, arm in enumerate(arms):
+        median_runs = []
+        for i in range(len(prompts)):
+            rs = runs[(a, i)]
+            if any(x.token_ids != rs[0].token_ids for x in rs):
+                # Possible where verify rows round differently from decode rows (the eager
+                # fp32 path) and the arm's k differed between rounds: said, not hidden.
+                logger.warning(
+                    "%s: prompt %d decoded to different tokens across rounds", arm.name, i
+                )
+            median_runs.append(sorted(rs, key=lambda x: x.decode_s)[(len(rs) - 1) // 2])
+        out.append(arm_of_runs(arm.name, median_runs, arm.bytes_per_token))
+    return out
 
 
 def hf_from_decoder(model: DecoderLM):  # type: ignore[no-untyped-def]

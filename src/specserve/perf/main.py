@@ -20,14 +20,17 @@ from pathlib import Path
 import torch
 
 from specserve.bench.suites import UnknownSuiteError, get_prompts
+from specserve.models.decoder import DecoderLM
 from specserve.perf.arms import (
     ArmResult,
+    InProcessArm,
+    fused_arm,
     hf_from_decoder,
     measure_bandwidth_gbs,
-    run_specserve_fused,
-    run_specserve_plain,
-    run_specserve_spec,
+    plain_arm,
+    run_interleaved,
     run_transformers,
+    spec_arm,
 )
 from specserve.perf.options import PROMPT_SUITE
 from specserve.perf.report import (
@@ -40,6 +43,7 @@ from specserve.perf.report import (
 from specserve.perf.worker_arms import run_llamacpp, run_vllm
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.factory import make_proposer
+from specserve.spec_decode.plain_loop import GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
     from specserve.loading.quant_cache import load_model_with_weights
     from specserve.loading.transport import fetch
     from specserve.models.fast_path import FastPathOptions, optimize_for_decode
-    from specserve.spec_decode.k_controller import KController
 
     formats = [w for w in args.weights.split(",") if w]
     names = [n for n in args.prompts.split(",") if n]
@@ -102,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
             ]
             eos = tuple(target.tokenizer.eos_token_ids)
         tm, dm = target.model, draft.model
-        plain = run_specserve_plain(f"specserve {fmt} plain", tm, prompts, params, eos)
-        plain_by_fmt[fmt] = plain
-        results.append(plain)
+        in_process = _in_process_arms(fmt, tm, dm, arms_wanted, args.k, params, eos)
+        measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
+        plain_by_fmt[fmt] = measured[0]
+        results += measured
         held_out_ids = list(target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False))
         loglik[fmt] = mean_log_likelihood(tm, held_out_ids)
         if i == 0:
@@ -112,49 +116,10 @@ def run(args: argparse.Namespace) -> int:
                 f"peak RSS after loading target+draft ({fmt}) and decoding: "
                 f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
             )
-        if "draft" in arms_wanted:
-
-            def factory(dm=dm, tm=tm):  # type: ignore[no-untyped-def]
-                return make_proposer("draft", tm.cfg.vocab_size, dm, max_model_len=4096)
-
-            results.append(
-                run_specserve_spec(
-                    f"specserve {fmt} draft k={args.k}", tm, factory, args.k, prompts, params, eos
-                )
-            )
-            results.append(
-                run_specserve_spec(
-                    f"specserve {fmt} draft k=adaptive",
-                    tm,
-                    factory,
-                    lambda: KController(8),
-                    prompts,
-                    params,
-                    eos,
-                )
-            )
-        if "ngram" in arms_wanted:
-            results.append(
-                run_specserve_spec(
-                    f"specserve {fmt} ngram k=adaptive",
-                    tm,
-                    lambda tm=tm: make_proposer("ngram", tm.cfg.vocab_size),
-                    lambda: KController(8),
-                    prompts,
-                    params,
-                    eos,
-                )
-            )
-        if "fused" in arms_wanted:
-            results.append(
-                run_specserve_fused(
-                    f"specserve {fmt} fused draft k={args.k}", tm, dm, args.k, prompts, params, eos
-                )
-            )
         if fmt == "bf16" and "transformers" in arms_wanted:
             hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
             results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
-        del target, draft, tm, dm
+        del target, draft, tm, dm, in_process  # the arms hold the models
     if "transformers" in arms_wanted and hf_pair is None:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
     # After the models: the 1 GiB buffer must not count in the peak RSS printed above.
@@ -213,6 +178,60 @@ def print_loglik(loglik: dict[str, float]) -> None:
         rel = (value - loglik[ref]) / abs(loglik[ref]) if loglik[ref] else 0.0
         parts.append(f"{name} {value:.4f} (Δ {value - loglik[ref]:+.4f}, {rel:+.3%} vs {ref})")
     print("mean log-likelihood per token of the held-out text: " + ", ".join(parts))
+
+
+def _in_process_arms(
+    fmt: str,
+    tm: DecoderLM,
+    dm: DecoderLM,
+    arms_wanted: set[str],
+    k: int,
+    params: SamplingParams,
+    eos: tuple[int, ...],
+) -> list[InProcessArm]:
+    """The specserve arms of one weight format, plain first."""
+    from specserve.spec_decode.k_controller import KController
+
+    arms = [plain_arm(f"specserve {fmt} plain", tm, params, eos)]
+    if "draft" in arms_wanted:
+
+        def factory():  # type: ignore[no-untyped-def]
+            return make_proposer("draft", tm.cfg.vocab_size, dm, max_model_len=4096)
+
+        arms.append(spec_arm(f"specserve {fmt} draft k={k}", tm, factory, k, params, eos))
+        arms.append(
+            spec_arm(
+                f"specserve {fmt} draft k=adaptive",
+                tm,
+                factory,
+                lambda: KController(8),
+                params,
+                eos,
+            )
+        )
+    if "ngram" in arms_wanted:
+        arms.append(
+            spec_arm(
+                f"specserve {fmt} ngram k=adaptive",
+                tm,
+                lambda: make_proposer("ngram", tm.cfg.vocab_size),
+                lambda: KController(8),
+                params,
+                eos,
+            )
+        )
+    if "fused" in arms_wanted:
+        arms.append(fused_arm(f"specserve {fmt} fused draft k={k}", tm, dm, k, params, eos))
+    return arms
+
+
+def _print_run(arm: str, prompt: int, result: GenerationResult) -> None:
+    """Each in-process decode as it ends (stderr), so a run cut short leaves its numbers."""
+    print(
+        f"run {arm}, prompt {prompt}: {result.decode_tokens_per_s:.2f} tok/s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class _ProgressList(list[ArmResult]):

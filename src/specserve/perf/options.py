@@ -27,6 +27,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--k", type=int, default=4, help="draft length of fixed-k arms")
     p.add_argument(
+        "--rounds",
+        type=_positive_int,
+        default=1,
+        help="decode every prompt this many times with each specserve arm, the arms of one "
+        "prompt back to back, and keep each arm's median run: ratios that do not follow a "
+        "host's drifting speed",
+    )
+    p.add_argument(
         "--arms",
         default="plain,draft,ngram,fused,transformers,llamacpp",
         help="which arm groups to run (also: vllm, which needs --vllm-python and --vllm-model-dir)",
@@ -68,3 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=128,
         help="attention context bucket making verify == decode (0: off)",
     )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

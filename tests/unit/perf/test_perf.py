@@ -21,6 +21,7 @@ from specserve.perf.report import (
     quality_vs,
 )
 from specserve.perf.worker_arms import run_llamacpp
+from specserve.spec_decode.plain_loop import GenerationResult
 from tests.conftest import make_tiny_model
 
 
@@ -159,3 +160,72 @@ def test_llamacpp_worker_reports_the_log_likelihood_of_its_logits(
     logp = torch.log_softmax(table[: len(ids) - 1], dim=-1)
     expected = float(logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean())
     assert loglik["llama.cpp"] == pytest.approx(expected, rel=1e-9)
+
+
+def _result(tokens: list[int], decode_s: float) -> GenerationResult:
+    return GenerationResult(tokens, "length", 3, prefill_s=0.01, decode_s=decode_s)
+
+
+def test_rounds_interleave_the_arms_and_keep_each_arms_median_run() -> None:
+    calls: list[tuple[str, int]] = []
+    times = {"a": iter([3.0, 1.0, 2.0, 9.0, 8.0, 7.0]), "b": iter([5.0, 4.0, 6.0, 1.0, 2.0, 3.0])}
+
+    def arm(name: str) -> arms.InProcessArm:
+        def run(i: int, ids: list[int]) -> GenerationResult:
+            calls.append((name, i))
+            return _result([i, *ids], next(times[name]))
+
+        return arms.InProcessArm(name, run)
+
+    out = arms.run_interleaved([arm("a"), arm("b")], [[7], [8]], rounds=3)
+    # Prompt by prompt, the arms back to back, their order reversed every other round.
+    assert calls == [
+        ("a", 0), ("b", 0), ("a", 1), ("b", 1),
+        ("b", 0), ("a", 0), ("b", 1), ("a", 1),
+        ("a", 0), ("b", 0), ("a", 1), ("b", 1),
+    ]  # fmt: skip
+    # a's prompt 0 took 3, 2, 8 s -> 3; prompt 1: 1, 9, 7 -> 7. b's: 5, 6, 2 -> 5; 4, 1, 3 -> 3.
+    assert [x.name for x in out] == ["a", "b"]
+    assert out[0].decode_s == [3.0, 7.0] and out[1].decode_s == [5.0, 3.0]
+    assert out[0].token_ids == [[0, 7], [1, 8]]
+    with pytest.raises(ValueError, match="rounds"):
+        arms.run_interleaved([arm("a")], [[7]], rounds=0)
+
+
+def test_rounds_flag_is_checked() -> None:
+    assert build_parser().parse_args(["perf"]).rounds == 1
+    assert build_parser().parse_args(["perf", "--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["perf", "--rounds", "0"])
+
+
+def test_in_process_arms_decode_each_prompt_afresh_every_round() -> None:
+    """Real arms on a tiny model: plain and adaptive n-gram give the same greedy tokens in
+    every round (a new controller and proposer per decode), and the median is one of them."""
+    from specserve.sampling_params import SamplingParams
+    from specserve.spec_decode.factory import make_proposer
+    from specserve.spec_decode.k_controller import KController
+
+    model = make_tiny_model("qwen2")
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    eos: tuple[int, ...] = ()
+    ngram = arms.spec_arm(
+        "ngram",
+        model,
+        lambda: make_proposer("ngram", model.cfg.vocab_size),
+        lambda: KController(4),
+        params,
+        eos,
+    )
+    plain = arms.plain_arm("plain", model, params, eos)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12]]
+    seen: list[tuple[str, int, list[int]]] = []
+    out = arms.run_interleaved(
+        [plain, ngram], prompts, rounds=2, on_run=lambda a, i, r: seen.append((a, i, r.token_ids))
+    )
+    assert len(seen) == 8
+    for i in range(2):
+        texts = {tuple(t) for a, j, t in seen if j == i}
+        assert len(texts) == 1  # both arms, both rounds
+        assert out[0].token_ids[i] == out[1].token_ids[i] and len(out[0].token_ids[i]) == 12
+    assert out[0].bytes_per_token is not None and out[1].bytes_per_token is None
