@@ -8,6 +8,7 @@ measured side by side.
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class ArmResult:
         num_forwards: target forwards per prompt after the first token (None: unknown).
         bytes_per_token: weight bytes one plain decode step reads (None: not a plain arm).
         error: why the arm did not run (the row says so instead of vanishing).
+        round_tok_per_s: with ``--rounds``, per prompt the decode speed of every round in
+            order (``run_interleaved``); empty otherwise.
     """
 
     name: str
@@ -43,6 +46,7 @@ class ArmResult:
     num_forwards: list[int] | None = None
     bytes_per_token: int | None = None
     error: str | None = None
+    round_tok_per_s: list[list[float]] = field(default_factory=list)
 
     def tok_per_s(self, i: int) -> float:
         n = len(self.token_ids[i]) - 1
@@ -194,7 +198,7 @@ def run_interleaved(
                 if on_run is not None:
                     on_run(arm.name, i, result)
                 runs.setdefault((a, i), []).append(result)
-    out = []
+    out: list[ArmResult] = []
     for a, arm in enumerate(arms):
         median_runs = []
         for i in range(len(prompts)):
@@ -206,8 +210,22 @@ def run_interleaved(
                     "%s: prompt %d decoded to different tokens across rounds", arm.name, i
                 )
             median_runs.append(sorted(rs, key=lambda x: x.decode_s)[(len(rs) - 1) // 2])
-        out.append(arm_of_runs(arm.name, median_runs, arm.bytes_per_token))
+        measured = arm_of_runs(arm.name, median_runs, arm.bytes_per_token)
+        measured.round_tok_per_s = [
+            [r.decode_tokens_per_s for r in runs[(a, i)]] for i in range(len(prompts))
+        ]
+        out.append(measured)
     return out
+
+
+def paired_ratio(arm: ArmResult, reference: ArmResult, prompt: int) -> float | None:
+    """Median over the rounds of the arm's speed divided by the reference's in the same
+    round (the two ran seconds apart); None without rounds on both."""
+    mine, ref = arm.round_tok_per_s, reference.round_tok_per_s
+    if len(mine) <= prompt or len(ref) <= prompt:
+        return None
+    pairs = [a / b for a, b in zip(mine[prompt], ref[prompt], strict=True) if b > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def hf_from_decoder(model: DecoderLM):  # type: ignore[no-untyped-def]

@@ -36,6 +36,7 @@ from specserve.perf.options import PROMPT_SUITE
 from specserve.perf.report import (
     HELD_OUT_TEXT,
     mean_log_likelihood,
+    print_paired_ratios,
     print_quality,
     print_table,
     quality_vs,
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     print_table(results, names, [p.category for p in chosen], bw, plain_by_fmt)
+    if args.rounds > 1:
+        print_paired_ratios(results, names, plain_by_fmt)
     if "bf16" in plain_by_fmt:
         print_quality(quality_vs(plain_by_fmt, "bf16"), results)
     print_loglik(loglik)

@@ -9,7 +9,7 @@ import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import DecoderLM
-from specserve.perf.arms import ArmResult
+from specserve.perf.arms import ArmResult, paired_ratio
 from specserve.spec_decode.replay import common_prefix
 
 # Held-out text for the log-likelihood comparison (written for this benchmark).
@@ -80,6 +80,28 @@ def _plain_row(results: list[ArmResult], engine: str) -> ArmResult | None:
         ),
         None,
     )
+
+
+def print_paired_ratios(
+    results: list[ArmResult], names: list[str], plain_by_fmt: dict[str, ArmResult]
+) -> None:
+    """With ``--rounds`` > 1: each in-process arm against the plain arm of its format, as the
+    median over the rounds of the ratio within a round (the arms of a prompt run back to
+    back), which a host's drifting speed moves less than the ratio of medians in the table."""
+    rows = []
+    for r in results:
+        ref = _reference_for(r, plain_by_fmt)
+        if r.error or ref is None or ref is r or not r.round_tok_per_s:
+            continue
+        cells = [paired_ratio(r, ref, i) for i in range(len(names))]
+        rows.append(f"| {r.name} | " + " | ".join(f"{c:.2f}" if c else "-" for c in cells) + " |")
+    if not rows:
+        return
+    rounds = len(next(r for r in results if r.round_tok_per_s).round_tok_per_s[0])
+    print()
+    print(f"× plain of its format, median of the {rounds} rounds' ratios (arms back to back):")
+    print("| arm | " + " | ".join(names) + " |")
+    print("\n".join(rows))
 
 
 def print_table(

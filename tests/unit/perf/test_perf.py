@@ -188,6 +188,9 @@ def test_rounds_interleave_the_arms_and_keep_each_arms_median_run() -> None:
     assert [x.name for x in out] == ["a", "b"]
     assert out[0].decode_s == [3.0, 7.0] and out[1].decode_s == [5.0, 3.0]
     assert out[0].token_ids == [[0, 7], [1, 8]]
+    # Within each round a's prompt 0 ran 5/3, 6/2, 2/8 times b's speed: median 5/3.
+    assert arms.paired_ratio(out[0], out[1], 0) == pytest.approx(5 / 3)
+    assert arms.paired_ratio(out[0], ArmResult("no rounds"), 0) is None
     with pytest.raises(ValueError, match="rounds"):
         arms.run_interleaved([arm("a")], [[7]], rounds=0)
 
