@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     for i, fmt in enumerate(formats):
         t0 = time.perf_counter()
         target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
-        draft = load_model_with_weights(args.draft, fmt)  # type: ignore[arg-type]
+        draft_fmt = args.draft_weights or fmt
+        draft = load_model_with_weights(args.draft, draft_fmt)  # type: ignore[arg-type]
         load_s = time.perf_counter() - t0
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
@@ -106,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
             ]
             eos = tuple(target.tokenizer.eos_token_ids)
         tm, dm = target.model, draft.model
-        in_process = _in_process_arms(fmt, tm, dm, arms_wanted, args.k, params, eos)
+        in_process = _in_process_arms(
+            fmt, tm, dm, arms_wanted, args.k, params, eos, args.draft_weights
+        )
         measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
         plain_by_fmt[fmt] = measured[0]
         results += measured
@@ -191,20 +194,23 @@ def _in_process_arms(
     k: int,
     params: SamplingParams,
     eos: tuple[int, ...],
+    draft_weights: str | None = None,
 ) -> list[InProcessArm]:
-    """The specserve arms of one weight format, plain first."""
+    """The specserve arms of one weight format, plain first; the draft's format is named in
+    its arms' labels when it differs from the target's."""
     from specserve.spec_decode.k_controller import KController
 
     arms = [plain_arm(f"specserve {fmt} plain", tm, params, eos)]
+    draft = "draft" if draft_weights in (None, fmt) else f"{draft_weights} draft"
     if "draft" in arms_wanted:
 
         def factory():  # type: ignore[no-untyped-def]
             return make_proposer("draft", tm.cfg.vocab_size, dm, max_model_len=4096)
 
-        arms.append(spec_arm(f"specserve {fmt} draft k={k}", tm, factory, k, params, eos))
+        arms.append(spec_arm(f"specserve {fmt} {draft} k={k}", tm, factory, k, params, eos))
         arms.append(
             spec_arm(
-                f"specserve {fmt} draft k=adaptive",
+                f"specserve {fmt} {draft} k=adaptive",
                 tm,
                 factory,
                 lambda: KController(8),
@@ -224,7 +230,7 @@ def _in_process_arms(
             )
         )
     if "fused" in arms_wanted:
-        arms.append(fused_arm(f"specserve {fmt} fused draft k={k}", tm, dm, k, params, eos))
+        arms.append(fused_arm(f"specserve {fmt} fused {draft} k={k}", tm, dm, k, params, eos))
     return arms
 
 

@@ -7,6 +7,7 @@ import os
 import sys
 
 from specserve.bench.suites import get_suite
+from specserve.config import WEIGHT_FORMATS
 
 PROMPT_SUITE = "perf"
 """The registry suite whose prompt ids ``--prompts`` names (specserve.bench.suites)."""
@@ -22,6 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="bf16,int8,int4",
         help="comma list of specserve weight formats (fp32, bf16, int8, int4, gguf: the GGUF "
         "blocks as stored; fp32 is the dequantised reference of the log-likelihoods)",
+    )
+    p.add_argument(
+        "--draft-weights",
+        choices=WEIGHT_FORMATS,
+        default=None,
+        help="the draft's weight format in every arm (default: the target's format of the "
+        "arm's row); e.g. int4 beside a bf16 target, as `serve` and the main job run it",
     )
     p.add_argument("--prompts", default="palindrome,cat", help=f"comma list of {prompt_ids}")
     p.add_argument("--max-tokens", type=int, default=96)

@@ -232,3 +232,26 @@ def test_in_process_arms_decode_each_prompt_afresh_every_round() -> None:
         assert len(texts) == 1  # both arms, both rounds
         assert out[0].token_ids[i] == out[1].token_ids[i] and len(out[0].token_ids[i]) == 12
     assert out[0].bytes_per_token is not None and out[1].bytes_per_token is None
+
+
+def test_draft_weights_flag_names_the_drafts_format_in_its_arms() -> None:
+    from specserve.perf.main import _in_process_arms
+    from specserve.sampling_params import SamplingParams
+
+    assert build_parser().parse_args(["perf"]).draft_weights is None
+    assert build_parser().parse_args(["perf", "--draft-weights", "int4"]).draft_weights == "int4"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["perf", "--draft-weights", "int3"])
+    model = make_tiny_model("qwen2")
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    wanted = {"draft", "ngram", "fused"}
+    names = [a.name for a in _in_process_arms("bf16", model, model, wanted, 4, params, (), "int4")]
+    assert names == [
+        "specserve bf16 plain",
+        "specserve bf16 int4 draft k=4",
+        "specserve bf16 int4 draft k=adaptive",
+        "specserve bf16 ngram k=adaptive",
+        "specserve bf16 fused int4 draft k=4",
+    ]
+    same = [a.name for a in _in_process_arms("int4", model, model, wanted, 4, params, (), "int4")]
+    assert same[1] == "specserve int4 draft k=4"
