@@ -29,6 +29,12 @@ class Answer:
     error: str | None = None
 
 
+# The OpenAI API takes up to 4 stop sequences, and vLLM's server refuses a request with more
+# (HTTP 400: "List should have at most 4 items"). An item's further stop strings are applied
+# by its task, which cuts every answer client-side at all of them (e.g. HumanEval's 6).
+MAX_STOP_SEQUENCES = 4
+
+
 def request_body(item: Item, model: str) -> dict[str, object]:
     body: dict[str, object] = {
         "model": model,
@@ -41,7 +47,7 @@ def request_body(item: Item, model: str) -> dict[str, object]:
     else:
         body["prompt"] = item.prompt
     if item.stop:
-        body["stop"] = list(item.stop)
+        body["stop"] = list(item.stop[:MAX_STOP_SEQUENCES])
     return body
 
 

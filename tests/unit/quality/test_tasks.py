@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from specserve.quality.client import request_body
 from specserve.quality.config import ExactConfig, HumanEvalConfig, QualityConfig
 from specserve.quality.exact import ExactTask, generate, normalise
 from specserve.quality.humaneval import (
@@ -17,7 +18,7 @@ from specserve.quality.humaneval import (
     load_problems,
     subset,
 )
-from specserve.quality.items import QualityTaskUnavailable
+from specserve.quality.items import Item, QualityTaskUnavailable
 from specserve.quality.run import build_tasks, check_quality
 
 # --- exact answers -----------------------------------------------------------------------
@@ -106,6 +107,18 @@ def test_completions_are_cut_at_the_stop_strings() -> None:
         cut_at_stop("        if x:\n            return 2\n")
         == "        if x:\n            return 2\n"
     )
+
+
+def test_requests_carry_at_most_four_stop_strings_and_answers_are_cut_at_all() -> None:
+    """The OpenAI API takes 4 stop sequences (vLLM answers HTTP 400 to HumanEval's 6); the
+    two left out are applied to the answer client-side, like the other 4."""
+    item = Item("HumanEval/0", "completions", "def f():\n", 192, stop=STOP)
+    assert len(STOP) == 6
+    body = request_body(item, "m")
+    assert body["stop"] == list(STOP[:4]) and body["prompt"] == "def f():\n"
+    for left_out in STOP[4:]:
+        assert cut_at_stop("    return 1\n" + left_out + " x") == "    return 1\n"
+    assert "stop" not in request_body(Item("exact/0", "chat", "2+2?", 8), "m")
 
 
 def test_program_layout_is_the_packages() -> None:
