@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     plain_by_fmt: dict[str, ArmResult] = {}
     prompts: list[list[int]] = []
     eos: tuple[int, ...] = ()
-    hf_pair = None
+    hf_pair: tuple[object, ...] | None = None  # () when the transformers arms were refused
     loglik: dict[str, float] = {}
     held_out_ids: list[int] = []
     for i, fmt in enumerate(formats):
@@ -121,8 +121,14 @@ def run(args: argparse.Namespace) -> int:
                 f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
             )
         if fmt == "bf16" and "transformers" in arms_wanted:
-            hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
-            results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+            if draft_fmt == "bf16":
+                hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
+                results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+            else:  # transformers shares our float weights: a quantised draft has none
+                hf_pair = ()
+                results.append(
+                    ArmResult("transformers", error=f"needs the draft in bf16, not {draft_fmt}")
+                )
         del target, draft, tm, dm, in_process  # the arms hold the models
     if "transformers" in arms_wanted and hf_pair is None:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
