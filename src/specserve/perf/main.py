@@ -90,7 +90,6 @@ def run(args: argparse.Namespace) -> int:
     plain_by_fmt: dict[str, ArmResult] = {}
     prompts: list[list[int]] = []
     eos: tuple[int, ...] = ()
-    hf_pair: tuple[object, ...] | None = None  # () when the transformers arms were refused
     loglik: dict[str, float] = {}
     held_out_ids: list[int] = []
     for i, fmt in enumerate(formats):
@@ -122,15 +121,15 @@ def run(args: argparse.Namespace) -> int:
             )
         if fmt == "bf16" and "transformers" in arms_wanted:
             if draft_fmt == "bf16":
-                hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))
+                hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))  # shares our weights
                 results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+                del hf_pair
             else:  # transformers shares our float weights: a quantised draft has none
-                hf_pair = ()
                 results.append(
                     ArmResult("transformers", error=f"needs the draft in bf16, not {draft_fmt}")
                 )
         del target, draft, tm, dm, in_process  # the arms hold the models
-    if "transformers" in arms_wanted and hf_pair is None:
+    if "transformers" in arms_wanted and "bf16" not in formats:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
     # After the models: the 1 GiB buffer must not count in the peak RSS printed above.
     bandwidth.append(measure_bandwidth_gbs())
