@@ -321,6 +321,7 @@ class KController:
         if state.plain_steps >= interval and self.k_max > 0:
             state.plain_steps = 0
             state.probing = True
-            # Cheap, and it measures positions 0 and 1.
-            return max(1, min(2, self.explored_k(batch_size)))
+            # Cheap, and it measures positions 0 and 1. explored_k >= 1 here: a plain step of
+            # this batch size was timed, and k_max > 0.
+            return min(2, self.explored_k(batch_size))
         return 0
