@@ -47,11 +47,11 @@ from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import (
-    CATCH_UP_STEADY,
     HiddenStateProposer,
     Proposal,
     ProposeInput,
     Proposer,
+    draft_cost_sample,
 )
 
 logger = logging.getLogger(__name__)
@@ -279,13 +279,9 @@ class LLMEngine:
         if self.k_controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
             return
         num_draft_steps = max(len(p) for p in proposals)
-        burst = getattr(self.proposer, "last_catch_up_tokens", 0) > CATCH_UP_STEADY
+        draft_s, draft_steps = draft_cost_sample(self.proposer, stats.draft_s, num_draft_steps)
         self.k_controller.record_cost(
-            0.0 if burst else stats.draft_s,
-            0 if burst else num_draft_steps,
-            stats.verify_s,
-            num_draft_steps + 1,
-            batch_size=len(scheduled),
+            draft_s, draft_steps, stats.verify_s, num_draft_steps + 1, batch_size=len(scheduled)
         )
 
     def _verify(

@@ -81,6 +81,18 @@ class Proposal:
 CATCH_UP_STEADY = 2
 
 
+def draft_cost_sample(proposer: object, draft_s: float, num_draft_steps: int) -> tuple[float, int]:
+    """The propose time and k that a step teaches the k controller: ``(draft_s,
+    num_draft_steps)``, or ``(0.0, 0)`` (nothing learnt about drafting) when the latest
+    propose call of ``proposer`` caught up more than :data:`CATCH_UP_STEADY` committed tokens.
+    Such a call also ran the tokens of the k = 0 steps before it; counting its time as k
+    tokens' drafting makes drafting look several times dearer than it is, and a controller
+    that believed it stopped drafting for good (every later probe was another burst)."""
+    if getattr(proposer, "last_catch_up_tokens", 0) > CATCH_UP_STEADY:
+        return 0.0, 0
+    return draft_s, num_draft_steps
+
+
 class Proposer(Protocol):
     """Drafts tokens for a batch of requests.
 

@@ -24,7 +24,12 @@ from specserve.sampling.stop import check_new_tokens, find_stop_string
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.plain_loop import GenerationResult, generation_budget
-from specserve.spec_decode.proposer import HiddenStateProposer, ProposeInput, Proposer
+from specserve.spec_decode.proposer import (
+    HiddenStateProposer,
+    ProposeInput,
+    Proposer,
+    draft_cost_sample,
+)
 from specserve.spec_decode.rejection_sampler import rejection_sample
 from specserve.spec_decode.stats import SpecDecodingStats
 
@@ -153,7 +158,10 @@ def generate_speculative(
             result.stats.observe(step.num_draft_tokens, len(new_tokens) - 1)
             if isinstance(k, KController):
                 k.observe(request_id, step.num_draft_tokens, len(new_tokens) - 1)
-                k.record_cost(step.draft_s, num_k, step.verify_s, step.num_draft_tokens + 1)
+                # A propose call that caught up the tokens of earlier k = 0 steps teaches
+                # nothing about drafting's cost (as in the engine).
+                draft_s, draft_steps = draft_cost_sample(proposer, step.draft_s, num_k)
+                k.record_cost(draft_s, draft_steps, step.verify_s, step.num_draft_tokens + 1)
     finally:
         target.capture_layers = saved_capture
         proposer.release(request_id)

@@ -292,3 +292,42 @@ def test_greedy_is_lossless_over_many_seeds() -> None:
         plain = generate_plain(target, prompt.tolist(), params, EOS)
         spec = generate_speculative(target, proposer, prompt.tolist(), params, EOS, 3)
         assert spec.token_ids == plain.token_ids
+
+
+def test_loop_does_not_learn_draft_cost_from_a_catch_up_burst() -> None:
+    """As in the engine: after k = 0 steps the draft model's next propose call first catches
+    up every token it missed, a one-off burst; the loop records that step's verify cost but
+    no draft cost, and records steady calls (catch-up of at most 2 tokens) in full. Before,
+    the loop charged a probe's 17-token catch-up to its 2 drafts, so a fresh controller
+    thought a draft token cost a whole target step and stopped drafting for good."""
+    target = make_tiny_model("qwen2", seed=2)
+    proposer = DraftModelProposer(copy.deepcopy(target), target.cfg.vocab_size, max_model_len=256)
+    controller = KController(k_max=4)
+    ks = iter([0, 0, 0, 0, 0, 3, 3, 3, 3, 3])
+    controller.choose_k = lambda request_id, batch_size=1: next(ks, 3)  # type: ignore[method-assign]
+    recorded: list[tuple[float, int, int]] = []
+    record = controller.record_cost
+
+    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size=1):  # type: ignore[no-untyped-def]
+        recorded.append((draft_s, num_draft_steps, num_verified_tokens))
+        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
+
+    controller.record_cost = spy  # type: ignore[method-assign]
+    catch_ups: list[int] = []
+    propose = proposer.propose
+
+    def watch(batch):  # type: ignore[no-untyped-def]
+        out = propose(batch)
+        catch_ups.append(proposer.last_catch_up_tokens)
+        return out
+
+    proposer.propose = watch  # type: ignore[method-assign]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompt = prompts(1, 5)[0]
+    spec = generate_speculative(target, proposer, prompt, params, EOS, controller)
+    assert spec.token_ids == generate_plain(target, prompt, params, EOS).token_ids
+    assert catch_ups[0] > 2 and all(c <= 2 for c in catch_ups[1:]), catch_ups
+    drafted = [r for r in recorded if r[2] > 1]  # steps that verified drafts
+    assert drafted[0] == (0.0, 0, 4)  # the burst: verify cost recorded, no draft cost
+    assert all(d > 0.0 and n == v - 1 > 0 for d, n, v in drafted[1:]), drafted
+    assert controller._draft_cost  # learnt from the steady calls only
