@@ -143,8 +143,8 @@ inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
 // Tiles [tile0, tile0 + NT) for the MR rows of the row block at m0: the canonical arithmetic
 // above. Each tile's stream is prefetched kPrefetch bytes ahead: the multi-row kernels are
 // compute-bound enough that the hardware prefetcher falls behind, and on a Zen 5 host the
-// 1-row kernel gained too (a decode step of the int4 1.5B and 0.5B 10-17 % faster, steps
-// alternating in one process; on the Intel hosts measured before, no gain for 1 row).
+// 1-row kernel gained from it too (decode steps with and without it alternating in one
+// process; on the Intel hosts measured before, it made no difference for 1 row).
 template <int NT, int MR>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;

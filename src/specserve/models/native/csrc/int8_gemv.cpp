@@ -61,9 +61,9 @@ constexpr int64_t kBlockK = 4;      // inputs per 64-byte block
 constexpr int64_t kBlockBytes = 64;
 constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the unit of a task)
 constexpr int64_t kMaxRows = 8;     // rows of x per register block
-// Bytes ahead in a tile's stream, prefetched explicitly: on a Zen 5 host a 5-token verify of
-// the gguf 1.5B (its Q6_K tensors run here) was 12-16 % faster with it and a decode step about
-// 4 % (steps with and without alternating in one process).
+// Bytes ahead in a tile's stream, prefetched explicitly: on a Zen 5 host the verify and
+// decode steps of the gguf 1.5B (its Q6_K tensors run here) were faster with it (steps with
+// and without it alternating in one process).
 constexpr int64_t kPrefetch = 2048;
 
 #ifdef SPECSERVE_INT8_AVX2
