@@ -15,6 +15,7 @@ from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
+from tests.cost_spies import spy_costs_and_catch_ups
 from tests.integration.test_engine_plain import run_staggered, tokens_of
 
 VOCAB = 13  # a small vocabulary makes n-gram / suffix matches (and acceptances) common
@@ -191,26 +192,10 @@ def test_draft_cost_is_not_learned_from_a_catch_up_burst() -> None:
     assert controller is not None and proposer is not None
     ks = iter([0, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3])
     controller.choose_k = lambda request_id, batch_size=1: next(ks, 3)  # type: ignore[method-assign]
-    recorded: list[tuple[int, int]] = []
-    record = controller.record_cost
-
-    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size=1):  # type: ignore[no-untyped-def]
-        recorded.append((num_draft_steps, num_verified_tokens))
-        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
-
-    controller.record_cost = spy  # type: ignore[method-assign]
-    catch_ups: list[int] = []
-    propose = proposer.propose
-
-    def watch(batch):  # type: ignore[no-untyped-def]
-        out = propose(batch)
-        catch_ups.append(proposer.last_catch_up_tokens)  # type: ignore[attr-defined]
-        return out
-
-    proposer.propose = watch  # type: ignore[method-assign]
+    recorded, catch_ups = spy_costs_and_catch_ups(controller, proposer)
     params = {"r": SamplingParams(max_tokens=24, ignore_eos=True)}
     run_staggered(engine, {"r": [1, 2, 3, 4, 5]}, params, {"r": 0})
     assert catch_ups[0] > 2 and all(c <= 2 for c in catch_ups[1:]), catch_ups
-    drafted = [(d, v) for d, v in recorded if v > 1]  # steps that verified a draft
+    drafted = [(n, v) for _, n, v in recorded if v > 1]  # steps that verified a draft
     assert drafted[0] == (0, 4)  # the burst: verify recorded, no draft cost
-    assert all(d == v - 1 > 0 for d, v in drafted[1:])
+    assert all(n == v - 1 > 0 for n, v in drafted[1:])

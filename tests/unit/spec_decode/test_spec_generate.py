@@ -24,6 +24,7 @@ from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer
 from specserve.spec_decode.speculative_loop import generate_speculative, speculative_step
 from specserve.spec_decode.suffix import SuffixProposer
 from tests.conftest import make_tiny_model
+from tests.cost_spies import spy_costs_and_catch_ups
 from tests.heads import make_eagle_head, make_medusa_heads
 
 EOS = (96,)
@@ -305,23 +306,7 @@ def test_loop_does_not_learn_draft_cost_from_a_catch_up_burst() -> None:
     controller = KController(k_max=4)
     ks = iter([0, 0, 0, 0, 0, 3, 3, 3, 3, 3])
     controller.choose_k = lambda request_id, batch_size=1: next(ks, 3)  # type: ignore[method-assign]
-    recorded: list[tuple[float, int, int]] = []
-    record = controller.record_cost
-
-    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size=1):  # type: ignore[no-untyped-def]
-        recorded.append((draft_s, num_draft_steps, num_verified_tokens))
-        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
-
-    controller.record_cost = spy  # type: ignore[method-assign]
-    catch_ups: list[int] = []
-    propose = proposer.propose
-
-    def watch(batch):  # type: ignore[no-untyped-def]
-        out = propose(batch)
-        catch_ups.append(proposer.last_catch_up_tokens)
-        return out
-
-    proposer.propose = watch  # type: ignore[method-assign]
+    recorded, catch_ups = spy_costs_and_catch_ups(controller, proposer)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     prompt = prompts(1, 5)[0]
     spec = generate_speculative(target, proposer, prompt, params, EOS, controller)
