@@ -76,3 +76,23 @@ def test_int4_server_ab_example_runs_int4_on_both_arms() -> None:
     assert spec[spec.index("--draft-weights") + 1] == "int4"
     assert cfg.benchmark.suites == ("structured", "open-ended")
     assert cfg.benchmark.concurrency == (1,)
+
+
+def test_defaults_example_serves_as_specserve_serve_does_by_default() -> None:
+    # docs/benchmarks.md, "With serve's defaults": the arms are `specserve serve --model M`
+    # and the same with `--spec-method draft --draft-model D`, nothing else that differs from
+    # serve's defaults (gguf as stored for the catalog's GGUF files, the draft in its own
+    # default, bf16 compute, adaptive k, no batch limit).
+    cfg = load_config(EXAMPLES / "defaults-server-ab.yaml")
+    assert cfg.servers is not None and cfg.endpoints is None and cfg.quality is None
+    s = cfg.servers
+    spec = s.serve_args(speculative=True)
+    assert (
+        spec[spec.index("--weights") + 1] == "gguf"
+        and spec[spec.index("--dtype") + 1] == "bfloat16"
+    )
+    assert "--draft-weights" not in spec and "--speculative-disable-by-batch-size" not in spec
+    assert spec[spec.index("--num-speculative-tokens") + 1] == "auto"
+    assert spec[spec.index("--draft-model") + 1] == "qwen2.5-coder-0.5b-instruct"
+    b = cfg.benchmark
+    assert b.suites == ("structured", "open-ended") and b.concurrency == (1,)
