@@ -4,14 +4,16 @@ A live benchmark (benchmarks/speculative_batch1.py) compares arms whose bf16 tex
 after a near-tie, so a policy can look better or worse only because it decoded an easier or
 harder text. This command removes that: for each prompt it decodes the target's plain greedy text,
 then asks the draft, at every position of that text, for its k_max-token greedy draft and
-records how many tokens match (the *run length*). It also measures the step costs (target
-forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
+records how many tokens match (the *run length*) and the draft's top probability for each of
+its tokens (which replays the draft model's confidence stop). It also measures the step costs
+(target forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
 those costs (specserve.spec_decode.replay) gives its decode time on exactly the text plain decoding
 produced. The adaptive controller is replayed over the prompts in order with one shared
 controller, as a server would see them.
 
     python benchmarks/k_replay.py --draft-weights int4 --output traces.json   # record
     python benchmarks/k_replay.py --traces traces.json                         # replay only
+    python benchmarks/k_replay.py --traces traces.json --thresholds 0,0.3,0.5  # confidence stop
 
 Recording loads two models (a few minutes on 2 cores): run it alone on the machine.
 """
@@ -37,14 +39,13 @@ SUITES = ("mini-structured", "mini-open-ended")  # the live benchmark's registry
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
     from specserve.kv_cache.single_sequence import SingleSequenceCache
-    from specserve.loading import load_model
     from specserve.loading.quant_cache import load_in_format
     from specserve.sampling_params import SamplingParams
     from specserve.spec_decode.plain_loop import generate_plain
     from specserve.spec_decode.proposer import ProposeInput
 
     dtype = torch_dtype(args.dtype)
-    target = load_model(args.target, dtype=dtype)
+    target = load_in_format(args.target, args.weights, dtype)
     draft = load_in_format(args.draft, args.draft_weights, dtype).model
     tok = target.tokenizer
     eos = tuple(tok.eos_token_ids)
@@ -63,7 +64,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             tokens = generate_plain(target.model, ids, params, eos).token_ids
             rid = f"trace-{name}"
             proposer.prefill(rid, ids)  # type: ignore[attr-defined]
-            runs = []
+            runs, confs = [], []
             for p in range(len(tokens) - 1):
                 committed = ids + tokens[: p + 1]
                 # Alternate a 1-token propose (timing only) with the k_max one we record.
@@ -75,8 +76,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                 draft_ids = proposer.propose([ProposeInput(rid, committed, kmax, params)])[0]
                 propose_s[kmax].append(time.perf_counter() - t0)
                 runs.append(common_prefix(draft_ids.draft_token_ids, tokens[p + 1 :]))
+                confs.append([round(c, 4) for c in proposer.last_confidences[0]])  # type: ignore[attr-defined]
             proposer.release(rid)
-            traces[suite][name] = {"tokens": tokens, "runs": runs}
+            traces[suite][name] = {"tokens": tokens, "runs": runs, "confidences": confs}
             print(f"{suite:15s} {name:13s} n={len(tokens)} runs={runs}", flush=True)
 
     # Target forward over t tokens at a realistic context length, t = 1 .. k_max + 1.
@@ -107,7 +109,11 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def replay_all(data: dict[str, Any], k_max: int, controller_kwargs: dict[str, Any]) -> None:
+def replay_all(
+    data: dict[str, Any], k_max: int, controller_kwargs: dict[str, Any], threshold: float = 0.0
+) -> dict[str, tuple[float, float]]:
+    """Print the per-prompt table for one confidence threshold; returns, per suite, the
+    geomean speedup of the adaptive controller and of the best fixed k."""
     c = data["costs"]
     # A forward over more tokens never takes less time; the recorded medians can dip (timing
     # noise), which would hand small fixed k a verify cheaper than a plain step.
@@ -119,10 +125,12 @@ def replay_all(data: dict[str, Any], k_max: int, controller_kwargs: dict[str, An
         + f" ms (1..{k_max + 1} tokens); draft {1000 * costs.draft_base_s:.1f} ms + "
         f"{1000 * costs.draft_token_s:.1f} ms per token"
     )
-    controller = KController(k_max, **controller_kwargs)
+    controller = KController(k_max, proposer_sets_length=threshold > 0, **controller_kwargs)
     fixed = list(range(1, k_max + 1))
+    summary: dict[str, tuple[float, float]] = {}
+    print(f"\nconfidence threshold {threshold:g}")
     print(
-        f"\n| suite | prompt | plain TPOT ms | best fixed k | {' | '.join(map(str, fixed))} |"
+        f"| suite | prompt | plain TPOT ms | best fixed k | {' | '.join(map(str, fixed))} |"
         " adaptive | adaptive / best | mean k |"
     )
     print("|---|---|---|---|" + "---|" * len(fixed) + "---|---|---|")
@@ -130,9 +138,17 @@ def replay_all(data: dict[str, Any], k_max: int, controller_kwargs: dict[str, An
         speed: dict[Any, list[float]] = {k: [] for k in [*fixed, "auto"]}
         for name, tr in prompts.items():
             runs = tr["runs"]
+            conf = tr.get("confidences") if threshold > 0 else None
+            if threshold > 0 and conf is None:
+                raise SystemExit("these traces have no draft confidences: record them again")
             base = replay(runs, 0, costs).tpot_s
-            row = {k: base / replay(runs, k, costs).tpot_s for k in fixed}
-            auto = replay(runs, controller, costs, request_id=f"{suite}-{name}")
+            row = {
+                k: base / replay(runs, k, costs, confidences=conf, threshold=threshold).tpot_s
+                for k in fixed
+            }
+            auto = replay(
+                runs, controller, costs, f"{suite}-{name}", confidences=conf, threshold=threshold
+            )
             row_auto = base / auto.tpot_s
             best = max(fixed, key=lambda k: row[k])
             mean_k = sum(auto.k_history) / len(auto.k_history)
@@ -152,6 +168,8 @@ def replay_all(data: dict[str, Any], k_max: int, controller_kwargs: dict[str, An
             + " | ".join(f"{suite_fixed[k]:.2f}" for k in fixed)
             + f" | {auto_g:.2f} | {auto_g / suite_fixed[best]:.3f} | |"
         )
+        summary[suite] = (auto_g, suite_fixed[best])
+    return summary
 
 
 def main() -> int:
@@ -161,10 +179,18 @@ def main() -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument(
+        "--weights", choices=WEIGHT_FORMATS, help="the target's weight format (default: as stored)"
+    )
     ap.add_argument("--draft-weights", choices=WEIGHT_FORMATS, default="int4")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5, help="timed forwards per step size")
+    ap.add_argument(
+        "--thresholds",
+        default="0",
+        help="comma-separated draft confidence thresholds to replay (0: no confidence stop)",
+    )
     ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated registry suites")
     args = ap.parse_args()
     if args.traces:
@@ -175,7 +201,15 @@ def main() -> int:
         if args.output:
             with open(args.output, "w") as f:
                 json.dump(data, f)
-    replay_all(data, min(args.k_max, len(data["costs"]["verify_s"]) - 1), {})
+    k_max = min(args.k_max, len(data["costs"]["verify_s"]) - 1)
+    thresholds = [float(t) for t in args.thresholds.split(",")]
+    results = {t: replay_all(data, k_max, {}, t) for t in thresholds}
+    if len(thresholds) > 1:
+        print("\n| confidence threshold | " + " | ".join(data["traces"]) + " |")
+        print("|---|" + "---|" * len(data["traces"]))
+        for t, by_suite in results.items():
+            cells = [f"adaptive {a:.2f}, best fixed {b:.2f}" for a, b in by_suite.values()]
+            print(f"| {t:g} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -132,6 +132,12 @@ class SchedulerConfig:
             raise ValueError(f"max_queue_len must be >= 0, got {self.max_queue_len}")
 
 
+# A draft model stops drafting after a token it drafted with a lower top probability
+# (``SpecConfig.draft_confidence_threshold``); chosen by replaying recorded traces
+# (benchmarks/k_replay.py, docs/benchmarks.md).
+DEFAULT_DRAFT_CONFIDENCE_THRESHOLD = 0.6
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """Speculative decoding settings.
@@ -154,6 +160,9 @@ class SpecConfig:
         draft_weights: the draft's weight format; None takes the target's (``ModelConfig``).
             A quantised draft (``int4``) next to a bf16 target is the cheap-draft setting:
             output stays the target's, only acceptance can drop.
+        draft_confidence_threshold: a draft model stops drafting for a request after a token
+            it drafted with a top probability below this (the token is kept); 0 drafts all k.
+            Output is unchanged either way.
     """
 
     method: SpecMethod = "none"
@@ -165,6 +174,7 @@ class SpecConfig:
     draft_num_layers: int | None = None
     draft_weights: WeightFormat | None = None
     disable_by_batch_size: int | None = None
+    draft_confidence_threshold: float = DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -193,6 +203,11 @@ class SpecConfig:
                 raise ValueError(f"draft_weights given but method is {self.method!r}")
             if self.draft_weights not in WEIGHT_FORMATS:
                 raise ValueError(f"unknown draft weight format {self.draft_weights!r}")
+        if not 0.0 <= self.draft_confidence_threshold < 1.0:
+            raise ValueError(
+                "draft_confidence_threshold must be in [0, 1), got "
+                f"{self.draft_confidence_threshold}"
+            )
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= 32):
             raise ValueError(f"num_speculative_tokens must be in [0, 32], got {k}")
@@ -207,6 +222,12 @@ class SpecConfig:
     def uses_draft_model(self) -> bool:
         """Whether a second decoder drafts (``draft_model`` is a model)."""
         return self.method in ("draft", "hybrid")
+
+    @property
+    def draft_stops_itself(self) -> bool:
+        """Whether a draft model ends its drafts where it becomes unsure (then the k
+        controller only decides whether to draft: ``KController.proposer_sets_length``)."""
+        return self.uses_draft_model and self.draft_confidence_threshold > 0
 
     @property
     def uses_head(self) -> bool:

@@ -28,6 +28,7 @@ def make_engine(
     draft: DecoderLM | None = None,
     num_blocks: int = 120,
     max_num_seqs: int = 4,
+    confidence_threshold: float = 0.0,
 ) -> LLMEngine:
     config = EngineConfig(
         model=ModelConfig("tiny"),
@@ -40,6 +41,7 @@ def make_engine(
             ngram_min=1,
             ngram_max=3,
             draft_model="tiny-draft" if method in ("draft", "hybrid") else None,
+            draft_confidence_threshold=confidence_threshold,
         ),
     )
     return build_engine_from_models(config, target, draft=draft)
@@ -102,6 +104,22 @@ def test_adaptive_k_equals_plain(method: str) -> None:
     engine = make_engine(target, method, None, draft)
     assert_equals_plain(engine, target, seed=2)
     assert sum(engine.stats().k_chosen_counts.values()) > 0
+
+
+@pytest.mark.parametrize("k", [7, None])
+@pytest.mark.parametrize("method", ["draft", "hybrid"])
+def test_confidence_stop_equals_plain(method: str, k: int | None) -> None:
+    """Drafts cut short by the draft's confidence stop, fixed or adaptive k: still plain."""
+    target = make_tiny_model("qwen2", vocab_size=VOCAB)
+    draft = make_tiny_model("qwen2", seed=4, vocab_size=VOCAB)
+    engine = make_engine(target, method, k, draft, confidence_threshold=0.35)
+    assert engine.k_controller is not None
+    assert engine.k_controller.proposer_sets_length
+    assert_equals_plain(engine, target, n=6, seed=3)
+    spec = engine.stats().spec
+    assert spec.num_drafts > 0
+    if k is not None:  # some drafts stopped before k
+        assert spec.num_draft_tokens < k * spec.num_drafts
 
 
 def test_preemption_then_recompute_gives_identical_output() -> None:

@@ -11,7 +11,12 @@ import argparse
 import sys
 
 from specserve.commands.serve import add_weight_format_args, default_weights, parse_k
-from specserve.config import SPEC_METHODS, SpecConfig, resolve_dtype
+from specserve.config import (
+    DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+    SPEC_METHODS,
+    SpecConfig,
+    resolve_dtype,
+)
 from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import check_vocab_compatible
@@ -61,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="draft tokens per step, or 'auto' for the adaptive controller (default auto)",
     )
     p.add_argument("--k-max", type=int, default=K_MAX_DEFAULT, help="largest adaptive k")
+    p.add_argument(
+        "--draft-confidence-threshold",
+        type=float,
+        default=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+        metavar="P",
+        help="a draft model stops drafting after a token it drafted with a top probability "
+        "below P (default %(default)s; 0 drafts all k)",
+    )
     p.add_argument("--compare-plain", action="store_true", help="also run plain decoding")
     p.set_defaults(func=run)
 
@@ -100,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=max(args.k_max, args.num_speculative_tokens or 1),
             draft_weights=args.draft_weights,
+            draft_confidence_threshold=args.draft_confidence_threshold,
         )
         if args.weights is None:
             args.weights = default_weights(args.model, "cpu", args.dtype)
@@ -147,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 target=target.model,
                 head=head,
                 head_name=spec.draft_model or "",
+                confidence_threshold=spec.draft_confidence_threshold,
             )
     except (ValueError, OSError, RuntimeError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -162,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         k: int | KController = (
             spec.num_speculative_tokens
             if spec.num_speculative_tokens is not None
-            else KController(spec.k_max)
+            else KController(spec.k_max, proposer_sets_length=spec.draft_stops_itself)
         )
         results[spec.method] = generate_speculative(
             target.model, proposer, prompt_ids, params, eos, k, detokenize=detok

@@ -18,6 +18,7 @@ from typing import Any
 
 from specserve.commands.vllm_spec import parse_speculative_config
 from specserve.config import (
+    DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
     SPEC_METHODS,
     WEIGHT_FORMATS,
     CacheConfig,
@@ -180,6 +181,14 @@ def register(subparsers: Any) -> None:
         "default: never, the adaptive k alone decides)",
     )
     p.add_argument(
+        "--draft-confidence-threshold",
+        type=float,
+        default=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+        metavar="P",
+        help="a draft model stops drafting after a token it drafted with a top probability "
+        "below P; output is unchanged (default %(default)s; 0 drafts all k)",
+    )
+    p.add_argument(
         "--draft-num-layers",
         type=int,
         help="keep only the draft's first N layers (a cheaper, weaker draft)",
@@ -203,6 +212,7 @@ def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
             draft_num_layers=args.draft_num_layers,
             draft_weights=args.draft_weights,
             disable_by_batch_size=args.speculative_disable_by_batch_size,
+            draft_confidence_threshold=args.draft_confidence_threshold,
         )
     given = sorted(set(getattr(args, "spec_flags_given", ())))
     if given:
@@ -224,6 +234,7 @@ def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
         draft_num_layers=args.draft_num_layers,
         draft_weights=args.draft_weights,
         disable_by_batch_size=vllm.disable_by_batch_size,
+        draft_confidence_threshold=args.draft_confidence_threshold,
     )
 
 

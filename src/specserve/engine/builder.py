@@ -74,7 +74,7 @@ def build_spec(
     if isinstance(head, MedusaHeads):  # one head per draft position: k never exceeds them
         k_max = min(k_max, head.cfg.num_heads)
         fixed_k = None if fixed_k is None else min(fixed_k, k_max)
-    controller = KController(k_max, fixed_k=fixed_k)
+    controller = KController(k_max, fixed_k=fixed_k, proposer_sets_length=spec.draft_stops_itself)
     proposer = make_proposer(
         spec.method,
         target.cfg.vocab_size,
@@ -87,6 +87,7 @@ def build_spec(
         target=target,
         head=head,
         head_name=head_name,
+        confidence_threshold=spec.draft_confidence_threshold,
     )
     return proposer, controller
 

@@ -348,7 +348,9 @@ class LLMEngine:
                 req.spec_stats.observe(num_drafted, num_accepted)
                 stats.spec.observe(num_drafted, num_accepted)
                 assert self.k_controller is not None
-                self.k_controller.observe(req.request_id, num_drafted, num_accepted)
+                self.k_controller.observe(
+                    req.request_id, num_drafted, num_accepted, num_asked=sr.num_lookahead
+                )
             elif self.spec.enabled and req.is_decoding:
                 stats.num_spec_off += 1
             if req.num_output_tokens == 0:

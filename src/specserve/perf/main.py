@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specserve.bench.suites import UnknownSuiteError, get_prompts
+from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
 from specserve.models.decoder import DecoderLM
 from specserve.perf.arms import (
     ArmResult,
@@ -210,7 +211,13 @@ def _in_process_arms(
     if "draft" in arms_wanted:
 
         def factory():  # type: ignore[no-untyped-def]
-            return make_proposer("draft", tm.cfg.vocab_size, dm, max_model_len=4096)
+            return make_proposer(
+                "draft",
+                tm.cfg.vocab_size,
+                dm,
+                max_model_len=4096,
+                confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+            )
 
         arms.append(spec_arm(f"specserve {fmt} {draft} k={k}", tm, factory, k, params, eos))
         arms.append(
@@ -218,7 +225,7 @@ def _in_process_arms(
                 f"specserve {fmt} {draft} k=adaptive",
                 tm,
                 factory,
-                lambda: KController(8),
+                lambda: KController(8, proposer_sets_length=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0),
                 params,
                 eos,
             )

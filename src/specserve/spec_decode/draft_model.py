@@ -7,6 +7,14 @@ it holds. On each propose the lane is rolled back (a pointer move, nothing is co
 longest common prefix with the request's committed tokens, the missing committed tokens are
 caught up in one forward, and then k tokens are drafted one forward at a time. After a fully
 accepted draft the catch-up is two tokens (the last draft and the bonus token).
+
+Confidence stop: a request stops drafting after a token whose draft probability (the top
+probability of the processed draft distribution) is below ``confidence_threshold``; that
+token is still proposed. A draft that is unsure of its own next token is rarely right about
+the ones after it, so those forwards, and the verify rows they would add, are saved. The
+draft length is a function of the draft's own outputs, so verification stays exact, greedy or
+sampled. transformers' assisted generation stops its assistant the same way
+(``assistant_confidence_threshold``).
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ class DraftModelProposer:
         max_num_seqs: lanes, i.e. requests with draft state at the same time.
         max_model_len: longest sequence a lane holds (committed + drafted tokens).
         block_size: cache block size (lanes start on block boundaries after the scratch block).
+        confidence_threshold: stop a request's draft after a token drafted with a top
+            probability below this (0 drafts every token asked for; see the module docstring).
     """
 
     def __init__(
@@ -88,12 +98,16 @@ class DraftModelProposer:
         max_num_seqs: int = 4,
         max_model_len: int = 4096,
         block_size: int = 16,
+        confidence_threshold: float = 0.0,
     ) -> None:
         check_vocab_compatible(target_vocab_size, model.cfg.vocab_size)
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.confidence_threshold = confidence_threshold
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.max_model_len = min(max_model_len, model.cfg.max_position_embeddings)
@@ -108,6 +122,10 @@ class DraftModelProposer:
         # Most committed tokens one lane had to catch up in the latest propose call (see
         # CATCH_UP_STEADY in proposer.py).
         self.last_catch_up_tokens = 0
+        # Of the latest propose call: draft forwards run (catch-up included), and per input
+        # the top probability of each drafted token's distribution.
+        self.last_num_forwards = 0
+        self.last_confidences: list[list[float]] = []
 
     def release(self, request_id: str) -> None:
         lane = self._lanes.pop(request_id, None)
@@ -146,6 +164,8 @@ class DraftModelProposer:
         ]
         active = [i for i, k in enumerate(ks) if k > 0]
         self.last_catch_up_tokens = 0
+        self.last_num_forwards = 0
+        self.last_confidences = [[] for _ in batch]
         if not active:
             return [Proposal([]) for _ in batch]
         lanes = {i: self._lane(batch[i].request_id) for i in active}
@@ -164,9 +184,13 @@ class DraftModelProposer:
         logits = self._forward(lanes, feeds)
         self._sample(batch, active, logits, drafts, probs)
 
-        # Draft the remaining tokens, one forward each over the requests that still want more.
+        # Draft the remaining tokens, one forward each over the requests that still want more
+        # and whose latest draft token was confident enough.
+        conf, threshold = self.last_confidences, self.confidence_threshold
         for step in range(1, max(ks[i] for i in active)):
-            active = [i for i in active if ks[i] > step]
+            active = [i for i in active if ks[i] > step and conf[i][-1] >= threshold]
+            if not active:
+                break
             logits = self._forward(lanes, {i: [drafts[i][-1]] for i in active})
             self._sample(batch, active, logits, drafts, probs)
 
@@ -198,6 +222,7 @@ class DraftModelProposer:
             lane.tokens.extend(feeds[i])
         meta = AttentionMetadata(positions.to(device), slots.to(device), context.to(device))
         hidden = self.model(ids.to(device), meta, self.kv)  # [B, T, hidden]
+        self.last_num_forwards += 1
         last = torch.tensor(num_new, device=device) - 1
         logits = self.model.compute_logits(hidden[torch.arange(len(order), device=device), last])
         return self._to_target_vocab(logits)  # [B, target_vocab]
@@ -219,12 +244,17 @@ class DraftModelProposer:
         drafts: list[list[int]],
         probs: list[list[torch.Tensor]],
     ) -> None:
-        """Append one draft token per active request (``logits # [len(active), vocab]``)."""
+        """Append one draft token per active request (``logits # [len(active), vocab]``) and
+        its distribution's top probability to ``last_confidences``."""
         greedy_rows = [r for r, i in enumerate(active) if batch[i].params.greedy]
         if greedy_rows:
-            best = logits[greedy_rows].argmax(-1).tolist()  # host sync, once per step
-            for r, tok in zip(greedy_rows, best, strict=True):
-                drafts[active[r]].append(int(tok))
+            greedy = logits[greedy_rows].float()  # [G, vocab]
+            top, best = greedy.max(-1)
+            # top probability = 1 / sum(exp(logit - max logit))
+            conf = torch.exp(greedy - top[:, None]).sum(-1).reciprocal()
+            for r, tok, c in zip(greedy_rows, best.tolist(), conf.tolist(), strict=True):
+                drafts[active[r]].append(int(tok))  # host sync above, once per step
+                self.last_confidences[active[r]].append(float(c))
         for r, i in enumerate(active):
             inp = batch[i]
             if inp.params.greedy:
@@ -232,3 +262,4 @@ class DraftModelProposer:
             row = logits_to_probs(logits[r : r + 1], inp.params)[0]  # [vocab]
             drafts[i].append(int(torch.multinomial(row, 1, generator=inp.generator)[0]))
             probs[i].append(row)
+            self.last_confidences[i].append(float(row.max()))

@@ -40,6 +40,7 @@ def make_proposer(
     target: DecoderLM | None = None,
     head: nn.Module | None = None,
     head_name: str = "",
+    confidence_threshold: float = 0.0,
 ) -> Proposer:
     """The proposer for ``method``.
 
@@ -52,6 +53,7 @@ def make_proposer(
         max_num_seqs / block_size: the draft KV cache's lanes and block size (batched engine).
         target / head / head_name: the target decoder and the loaded head (methods in
             :data:`HEAD_METHODS`; ``loading/spec_heads.py`` loads heads), named in errors.
+        confidence_threshold: a draft model's confidence stop (see ``draft_model.py``).
     Raises:
         ValueError: unknown method, a draft-model method without a draft model, a head
             method without its head (or with the other method's head).
@@ -69,6 +71,7 @@ def make_proposer(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             block_size=block_size,
+            confidence_threshold=confidence_threshold,
         )
         return draft if method == "draft" else HybridProposer(SuffixProposer(), draft)
     if method in HEAD_METHODS:

@@ -140,7 +140,7 @@ class HybridProposer:
         ]
         self.num_suffix_drafts += len(batch) - len(fallback)
         self.num_model_drafts += len(fallback)
-        self.draft.last_catch_up_tokens = 0
+        self.draft.last_catch_up_tokens = self.draft.last_num_forwards = 0
         drafted = self.draft.propose([batch[i] for i in fallback]) if fallback else []
         model_drafts = dict(zip(fallback, drafted, strict=True))
         for i, (inp, st) in enumerate(zip(batch, states, strict=True)):
@@ -158,6 +158,11 @@ class HybridProposer:
     def last_catch_up_tokens(self) -> int:
         """The draft model's catch-up in the latest propose call (0 when it did not run)."""
         return self.draft.last_catch_up_tokens
+
+    @property
+    def last_num_forwards(self) -> int:
+        """The draft model's forwards in the latest propose call (0 when it did not run)."""
+        return self.draft.last_num_forwards
 
     def release(self, request_id: str) -> None:
         self.suffix.release(request_id)

@@ -11,9 +11,18 @@ Terms:
         earlier structured requests (a pooled prior made the controller pick k = 4-5 on
         prose where k = 3 was best). Replays of recorded traces
         (``benchmarks/k_replay.py``) chose this estimator and the defaults.
-    expected tokens E(k) = 1 + sum_{j=1..k} prod_{i<j} a_i: accepted drafts plus the
-        recovered/bonus token of one verify step.
-    step cost C(k) = draft_cost(k) + verify_cost(k + 1): measured wall times. The draft cost
+    continuation c_j (j >= 1): probability that a proposer asked for more than j drafts
+        returns more than j, given that it returned j: a draft model that stops after an
+        unsure token (its confidence stop) or an n-gram match that runs out returns fewer
+        drafts than asked. Estimated like a_i (decayed counts, shrunk towards the counts of
+        all requests, those towards 1: a proposer that never stops early). The number of
+        drafts a step asking for k returns, d, has P(d >= j + 1) = prod_{i=1..j} c_i.
+    expected tokens E(k) = 1 + sum_{j=1..k} P(d >= j) prod_{i<j} a_i: accepted drafts plus
+        the recovered/bonus token of one verify step.
+    step cost C(k) = draft_cost(E[d]) + E[verify_cost(d + 1)]: measured wall times (with no
+        early stops, d = k: draft_cost(k) + verify_cost(k + 1)). Asking for more drafts than
+        a stop lets through costs nothing, so with a confidence stop the best k is often
+        k_max and the stop sets each step's length from the draft's own confidence. The draft cost
         is a per-draft-token time per batch size (the engine passes it); the verify cost is
         kept per total step size batch_size * (k + 1), so a large batch, where extra verify
         tokens make the forward compute bound, sees its real cost. Unmeasured sizes are
@@ -22,6 +31,13 @@ Terms:
         a mild prior slope (a k + 1 token forward costs about what a 1 token forward does when
         memory bound).
     rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
+
+A proposer that ends its own drafts where it becomes unsure (a draft model with a confidence
+stop, ``proposer_sets_length``) knows better than these averages how far the current draft
+will hold: its stop sees the draft's confidence in each token. The controller then only
+decides whether to draft, asking for the largest explored k when rate(k) beats plain
+decoding. Replays of recorded traces (``benchmarks/k_replay.py --thresholds``) measured this
+policy above the argmax over k with the same stop, on both suites.
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
 ``probe_interval`` plain steps a request probes with a small k so that its acceptance
@@ -50,6 +66,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.spec_decode.decayed_counts import AcceptanceCounts, ContinuationCounts
+
 # Relative cost of a forward over T tokens vs 1 when nothing is measured yet: +2 % per token
 # (memory-bound small steps: measured on a 2-core CPU, 1-5 tokens cost about what 1 does,
 # 8-16 about 1.2x).
@@ -61,33 +79,9 @@ def _prior_verify(num_step_tokens: int) -> float:
 
 
 @dataclass
-class _Acceptance:
-    accepted: list[float] = field(default_factory=list)  # decayed count per position
-    reached: list[float] = field(default_factory=list)  # decayed drafts reaching position
-
-    def observe(self, num_drafted: int, num_accepted: int, decay: float) -> None:
-        self.accepted[:] = [a * decay for a in self.accepted]
-        self.reached[:] = [r * decay for r in self.reached]
-        n = min(num_drafted, num_accepted + 1)  # positions whose outcome we saw
-        while len(self.reached) < n:
-            self.reached.append(0.0)
-            self.accepted.append(0.0)
-        for i in range(n):
-            self.reached[i] += 1.0
-            if i < num_accepted:
-                self.accepted[i] += 1.0
-
-    def rate(self, pos: int, prior: float, weight: float) -> float:
-        """Shrunk estimate of a_pos; unseen positions take the last seen one's counts."""
-        if not self.reached:
-            return prior
-        i = min(pos, len(self.reached) - 1)
-        return (self.accepted[i] + weight * prior) / (self.reached[i] + weight)
-
-
-@dataclass
 class _RequestState:
-    acceptance: _Acceptance = field(default_factory=_Acceptance)
+    acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    continuation: ContinuationCounts = field(default_factory=ContinuationCounts)
     plain_steps: int = 0  # consecutive steps with k = 0
     probe_backoff: int = 1  # the probe interval's current factor
     probing: bool = False  # the last k chosen was a probe
@@ -108,6 +102,9 @@ class KController:
             whose drafts were all rejected.
         draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
         ema: weight of a new cost measurement in the running averages.
+        proposer_sets_length: the proposer ends each draft itself where it becomes unsure (a
+            draft model's confidence stop); the controller then only chooses between a plain
+            step and asking for the largest explored k, whichever rate is higher.
     """
 
     def __init__(
@@ -122,6 +119,7 @@ class KController:
         max_probe_backoff: int = 8,
         draft_cost_prior: float = 0.1,
         ema: float = 0.2,
+        proposer_sets_length: bool = False,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -147,7 +145,9 @@ class KController:
         self.max_probe_backoff = max_probe_backoff
         self.draft_cost_prior = draft_cost_prior
         self.ema = ema
-        self._global = _Acceptance()
+        self.proposer_sets_length = proposer_sets_length
+        self._global = AcceptanceCounts()
+        self._global_continuation = ContinuationCounts()
         self._requests: dict[str, _RequestState] = {}
         self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
         self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
@@ -155,11 +155,17 @@ class KController:
 
     # ---- observations ---------------------------------------------------------------------
 
-    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
-        """One verify step of a request: ``num_accepted`` of ``num_drafted`` drafts kept."""
-        if not (0 <= num_accepted <= num_drafted):
+    def observe(
+        self, request_id: str, num_drafted: int, num_accepted: int, num_asked: int | None = None
+    ) -> None:
+        """One verify step of a request: ``num_accepted`` of ``num_drafted`` drafts kept, of
+        ``num_asked`` asked for (None: as many as drafted)."""
+        if num_asked is None:
+            num_asked = num_drafted
+        if not (0 <= num_accepted <= num_drafted <= num_asked):
             raise ValueError(
-                f"need 0 <= num_accepted <= num_drafted, got {num_accepted}, {num_drafted}"
+                "need 0 <= num_accepted <= num_drafted <= num_asked, got "
+                f"{num_accepted}, {num_drafted}, {num_asked}"
             )
         if num_drafted == 0:
             return
@@ -172,6 +178,8 @@ class KController:
                 state.probe_backoff = min(2 * state.probe_backoff, self.max_probe_backoff)
         state.acceptance.observe(num_drafted, num_accepted, self.decay)
         self._global.observe(num_drafted, num_accepted, self.global_decay)
+        state.continuation.observe(num_asked, num_drafted, self.decay)
+        self._global_continuation.observe(num_asked, num_drafted, self.global_decay)
 
     def record_cost(
         self,
@@ -217,12 +225,34 @@ class KController:
             out.append(own.rate(i, prior, self.prior_weight) if own is not None else prior)
         return out
 
+    def continuation_estimates(self, request_id: str, k: int) -> list[float]:
+        """Estimated c_1 .. c_{k-1} for the request (1.0 where nothing ever stopped early)."""
+        state = self._requests.get(request_id)
+        own = state.continuation if state is not None and state.continuation.chances else None
+        out = []
+        for j in range(1, k):
+            prior = self._global_continuation.rate(j, 1.0, self.prior_weight)
+            out.append(own.rate(j, prior, self.prior_weight) if own is not None else prior)
+        return out
+
+    def draft_length_distribution(self, request_id: str, k: int) -> list[float]:
+        """P(d = 1) .. P(d = k): how many drafts a step asking for k > 0 gets back."""
+        at_least = [1.0]  # P(d >= 1), P(d >= 2), ...
+        for c in self.continuation_estimates(request_id, k):
+            at_least.append(at_least[-1] * c)
+        at_least.append(0.0)
+        return [at_least[d] - at_least[d + 1] for d in range(k)]
+
     def expected_tokens(self, request_id: str, k: int) -> float:
-        """E(k): expected tokens from one verify step with k drafts."""
+        """E(k): expected tokens from one verify step asking for k drafts."""
         total, reach = 1.0, 1.0
-        for a in self.acceptance_estimates(request_id, k):
+        drafted = 1.0  # P(d >= j)
+        conts = self.continuation_estimates(request_id, k)
+        for j, a in enumerate(self.acceptance_estimates(request_id, k)):
+            if j > 0:
+                drafted *= conts[j - 1]
             reach *= a
-            total += reach
+            total += drafted * reach
         return total
 
     def verify_cost(self, num_tokens: int, batch_size: int = 1) -> float:
@@ -285,10 +315,18 @@ class KController:
             per_token = self.draft_cost_prior * self.verify_cost(1, batch_size)
         return k * per_token
 
+    def step_cost(self, request_id: str, k: int, batch_size: int = 1) -> float:
+        """C(k): expected propose + verify time of a step asking for k drafts."""
+        if k == 0:
+            return self.verify_cost(1, batch_size)
+        lengths = self.draft_length_distribution(request_id, k)
+        mean_drafts = sum(p * (d + 1) for d, p in enumerate(lengths))
+        verify = sum(p * self.verify_cost(d + 2, batch_size) for d, p in enumerate(lengths))
+        return self.draft_cost(1, batch_size) * mean_drafts + verify
+
     def rate(self, request_id: str, k: int, batch_size: int = 1) -> float:
-        """Expected tokens per second with k drafts."""
-        cost = self.draft_cost(k, batch_size) + self.verify_cost(k + 1, batch_size)
-        return self.expected_tokens(request_id, k) / cost
+        """Expected tokens per second asking for k drafts."""
+        return self.expected_tokens(request_id, k) / self.step_cost(request_id, k, batch_size)
 
     def explored_k(self, batch_size: int = 1) -> int:
         """Largest k whose step (``batch_size * (k + 1)`` tokens) is at most twice the
@@ -299,8 +337,14 @@ class KController:
         return max(0, min(self.k_max, 2 * max(measured) // batch_size - 1))
 
     def best_k(self, request_id: str, batch_size: int = 1) -> int:
-        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k)."""
+        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k); with
+        ``proposer_sets_length``, over {0, explored_k}."""
         limit = self.explored_k(batch_size)
+        if self.proposer_sets_length:
+            drafting = limit > 0 and (
+                self.rate(request_id, limit, batch_size) > self.rate(request_id, 0, batch_size)
+            )
+            return limit if drafting else 0
         rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 

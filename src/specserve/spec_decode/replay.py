@@ -75,13 +75,21 @@ def replay(
     policy: int | KController,
     costs: StepCosts,
     request_id: str = "replay",
+    confidences: Sequence[Sequence[float]] | None = None,
+    threshold: float = 0.0,
 ) -> ReplayResult:
     """Decode a trace of ``len(runs) + 1`` tokens with a fixed k or a controller.
 
     A controller sees exactly what it sees live: ``choose_k`` before each step, then
     ``observe`` and ``record_cost`` with the modelled times; it is released at the end, so
     one controller replayed over several traces carries its global state across them.
+
+    ``confidences[p]`` (the draft's top probability for each token of its greedy draft after
+    position p) with ``threshold`` replays the draft model's confidence stop: a step drafts
+    up to and including the first token below the threshold, and pays for those forwards.
     """
+    if confidences is not None and len(confidences) != len(runs):
+        raise ValueError(f"need one confidence list per run, got {len(confidences)}")
     if isinstance(policy, int) and not (0 <= policy <= costs.k_max):
         raise ValueError(f"k must be in [0, {costs.k_max}] (the measured sizes), got {policy}")
     if any(r < 0 for r in runs):
@@ -92,6 +100,9 @@ def replay(
         while pos < last:
             k = policy if isinstance(policy, int) else policy.choose_k(request_id, 1)
             k = min(k, last - pos - 1, costs.k_max)  # drafts + 1 bonus fit the budget
+            asked = k
+            if confidences is not None and k > 0:
+                k = _confident_prefix(confidences[pos], k, threshold)
             accepted = min(k, runs[pos])
             draft_s, verify_s = costs.draft(k), costs.verify_s[k]
             out.decode_s += draft_s + verify_s
@@ -101,13 +112,22 @@ def replay(
             out.num_accepted += accepted
             out.k_history.append(k)
             if isinstance(policy, KController):
-                policy.observe(request_id, k, accepted)
+                policy.observe(request_id, k, accepted, num_asked=asked)
                 policy.record_cost(draft_s, k, verify_s, k + 1)
             pos += accepted + 1
     finally:
         if isinstance(policy, KController):
             policy.release(request_id)
     return out
+
+
+def _confident_prefix(confidences: Sequence[float], k: int, threshold: float) -> int:
+    """Drafts a confidence stop lets through: up to the first below ``threshold``, that one
+    included, at most k."""
+    for j, c in enumerate(confidences[:k]):
+        if c < threshold:
+            return j + 1
+    return k
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

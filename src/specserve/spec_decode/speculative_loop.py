@@ -157,7 +157,7 @@ def generate_speculative(
             result.verify_s += step.verify_s
             result.stats.observe(step.num_draft_tokens, len(new_tokens) - 1)
             if isinstance(k, KController):
-                k.observe(request_id, step.num_draft_tokens, len(new_tokens) - 1)
+                k.observe(request_id, step.num_draft_tokens, len(new_tokens) - 1, num_asked=num_k)
                 # A propose call that caught up the tokens of earlier k = 0 steps teaches
                 # nothing about drafting's cost (as in the engine).
                 draft_s, draft_steps = draft_cost_sample(proposer, step.draft_s, num_k)

@@ -72,3 +72,21 @@ def test_head_methods_load_their_head_and_keep_the_bf16_output(smollm2, tmp_path
         assert out == plain, method
         assert engine.model_info["draft_head"] == str(tmp_path / method)  # type: ignore[attr-defined]
         assert engine.stats().spec.num_drafts > 0  # type: ignore[attr-defined]
+
+
+def test_a_draft_confidence_stop_reaches_the_proposer_and_the_controller() -> None:
+    from specserve.engine.builder import build_spec
+    from tests.conftest import make_tiny_model
+
+    target, draft = make_tiny_model("qwen2", seed=1), make_tiny_model("qwen2", seed=2)
+    spec = SpecConfig(method="draft", draft_model="d", draft_confidence_threshold=0.4)
+    proposer, controller = build_spec(spec, target, draft)
+    assert isinstance(proposer, DraftModelProposer) and proposer.confidence_threshold == 0.4
+    assert controller is not None and controller.proposer_sets_length
+    off = SpecConfig(method="draft", draft_model="d", draft_confidence_threshold=0.0)
+    proposer, controller = build_spec(off, target, draft)
+    assert isinstance(proposer, DraftModelProposer) and proposer.confidence_threshold == 0.0
+    assert controller is not None and not controller.proposer_sets_length
+    # n-gram drafts have no confidence: the controller keeps choosing k itself.
+    _, controller = build_spec(SpecConfig(method="ngram"), target)
+    assert controller is not None and not controller.proposer_sets_length

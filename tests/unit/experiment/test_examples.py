@@ -96,3 +96,29 @@ def test_defaults_example_serves_as_specserve_serve_does_by_default() -> None:
     assert spec[spec.index("--draft-model") + 1] == "qwen2.5-coder-0.5b-instruct"
     b = cfg.benchmark
     assert b.suites == ("structured", "open-ended") and b.concurrency == (1,)
+
+
+def test_confidence_stop_example_is_the_main_jobs_benchmark_on_two_servers() -> None:
+    # docs/benchmarks.md, "The draft's confidence stop": endpoints mode, the main job's
+    # benchmark settings, and the two serve commands in its header differ only in the stop.
+    from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
+
+    path = EXAMPLES / "confidence-stop-ab.yaml"
+    cfg, main = load_config(path), load_config(None)
+    assert cfg.endpoints is not None and cfg.servers is None
+    assert cfg.benchmark.suites == main.benchmark.suites
+    for field in ("concurrency", "num_requests", "warmup_requests", "max_tokens", "endpoint"):
+        assert getattr(cfg.benchmark, field) == getattr(main.benchmark, field), field
+    header = " ".join(
+        line.lstrip("#").strip().rstrip("\\").strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("#")
+    )
+    off, on = header.split("specserve serve ")[1:3]
+    on = on.split(" then:")[0]
+    assert "--draft-confidence-threshold 0 " in off and "--draft-confidence-threshold" not in on
+    strip = off.replace("--draft-confidence-threshold 0 ", "")
+    assert strip.split("--port")[0] == on.split("--port")[0]
+    assert off.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
+    assert on.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
+    assert DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0

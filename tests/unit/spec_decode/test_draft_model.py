@@ -154,3 +154,47 @@ def test_prefill_then_propose_equals_propose() -> None:
     draft = proposer.propose([inp("r", [*prompt, 7], 4)])[0].draft_token_ids
     assert draft == fresh_draft(proposer, [*prompt, 7], 4)
     assert proposer._lanes["r"].tokens == [*prompt, 7, *draft[:-1]]
+
+
+def _expected_stop(confidences: list[float], k: int, threshold: float) -> int:
+    for j, c in enumerate(confidences[:k]):
+        if c < threshold:
+            return j + 1
+    return k
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.9)])
+def test_confidence_stop_cuts_the_draft_after_its_first_unsure_token(
+    params: SamplingParams,
+) -> None:
+    """With a threshold the draft is the unstopped draft cut after its first token whose top
+    probability is below it (that token kept), and only those forwards run."""
+    model = make_tiny_model("qwen2", seed=8)
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8], list(range(30, 50)), [9, 9, 9]]
+    full = DraftModelProposer(model, 97)
+    batch = [inp(f"r{i}", p, 6, params, seed=i) for i, p in enumerate(prompts)]
+    unstopped = full.propose(batch)
+    confs = full.last_confidences
+    assert [len(c) for c in confs] == [6] * 4 and full.last_num_forwards == 6
+    assert all(0.0 < c <= 1.0 for row in confs for c in row)
+    # A threshold between the confidences seen, so that drafts stop at different lengths.
+    threshold = sorted(c for row in confs for c in row)[len(prompts) * 6 // 3]
+    stopped = DraftModelProposer(model, 97, confidence_threshold=threshold)
+    batch = [inp(f"r{i}", p, 6, params, seed=i) for i, p in enumerate(prompts)]
+    got = stopped.propose(batch)
+    lengths = [_expected_stop(c, 6, threshold) for c in confs]
+    assert len(set(lengths)) > 1, "the threshold should stop some drafts and not others"
+    for p, full_p, n in zip(got, unstopped, lengths, strict=True):
+        assert p.draft_token_ids == full_p.draft_token_ids[:n]
+        if params.greedy:
+            assert p.draft_probs is None
+        else:
+            assert p.draft_probs is not None and full_p.draft_probs is not None
+            torch.testing.assert_close(p.draft_probs, full_p.draft_probs[:n])
+    assert stopped.last_num_forwards == max(lengths)
+
+
+def test_confidence_threshold_is_checked() -> None:
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="confidence_threshold"):
+            DraftModelProposer(make_tiny_model(seed=9), 97, confidence_threshold=bad)

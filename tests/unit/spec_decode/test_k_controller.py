@@ -250,3 +250,75 @@ def test_probe_interval_backs_off_after_rejected_probes() -> None:
     assert gaps(1, 0) == [3]
     with pytest.raises(ValueError, match="max_probe_backoff"):
         KController(8, max_probe_backoff=0)
+
+
+def test_early_stops_are_learnt_and_priced() -> None:
+    """A proposer asked for 6 that always returns 2: the controller learns c_1 = 1, c_2 = 0,
+    so asking for 6 is priced as the 2 drafts and 3-token verify it gets."""
+    c = KController(8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.02, 1, 0.21, 2)
+    c.record_cost(0.04, 2, 0.22, 3)
+    c.record_cost(0.12, 6, 0.3, 7)
+    full = c.step_cost("r", 6)
+    assert full == pytest.approx(0.02 * 6 + 0.3)  # nothing stopped early yet: d = k
+    for _ in range(100):
+        c.observe("r", 2, 1, num_asked=6)
+    conts = c.continuation_estimates("r", 6)
+    assert conts[0] == pytest.approx(1.0) and conts[1] < 0.05
+    lengths = c.draft_length_distribution("r", 6)
+    assert lengths[1] > 0.95 and sum(lengths) == pytest.approx(1.0)
+    assert c.step_cost("r", 6) == pytest.approx(0.02 * 2 + 0.22, rel=0.05)
+    # Expected tokens count only drafts that are made: about those of k = 2.
+    assert c.expected_tokens("r", 6) == pytest.approx(c.expected_tokens("r", 2), rel=0.05)
+    # A request whose proposer never stops early learns d = k (from the pooled estimate).
+    assert c.draft_length_distribution("s", 3)[1] > 0.9
+    for _ in range(20):
+        c.observe("s", 3, 3)
+    assert c.draft_length_distribution("s", 3)[-1] > 0.8
+    with pytest.raises(ValueError, match="num_asked"):
+        c.observe("r", 3, 1, num_asked=2)
+
+
+def simulate_stopping_draft(c: KController | None, k_fixed: int, steps: int = 400) -> float:
+    """Tokens per second with a draft that stops itself: each draft token is confident with
+    probability 0.7 (then accepted with 0.95) or unsure (accepted with 0.3, and the draft
+    stops after it); draft 30 ms/token, verify 200 ms (+5 % per token)."""
+    rng = random.Random(1)
+    tokens, seconds = 0, 0.0
+    for _ in range(steps):
+        k = c.choose_k("r") if c is not None else k_fixed
+        drafted, accepted, alive = 0, 0, True
+        while drafted < k:
+            drafted += 1
+            confident = rng.random() < 0.7
+            if alive and rng.random() < (0.95 if confident else 0.3):
+                accepted += 1
+            else:
+                alive = False
+            if not confident:
+                break
+        draft_s, verify_s = 0.03 * drafted, 0.2 * (1 + 0.05 * drafted)
+        if c is not None:
+            c.observe("r", drafted, accepted, num_asked=k)
+            c.record_cost(draft_s, drafted, verify_s, drafted + 1)
+        tokens += accepted + 1
+        seconds += draft_s + verify_s
+    return tokens / seconds
+
+
+def test_a_draft_that_stops_itself_is_asked_for_the_largest_k() -> None:
+    best_fixed = max(simulate_stopping_draft(None, k) for k in range(9))
+    # With the stop, asking for the most is as good as the best fixed k (within noise).
+    assert simulate_stopping_draft(None, 8) >= 0.97 * best_fixed
+    two_way = KController(8, proposer_sets_length=True)
+    rate = simulate_stopping_draft(two_way, 0)
+    assert rate >= 0.95 * best_fixed, (rate, best_fixed)
+    assert {two_way.choose_k("r") for _ in range(5)} <= {0, 8}
+    # When drafting does not pay, it still chooses plain steps.
+    c = KController(8, proposer_sets_length=True)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.4, 4, 0.3, 5)
+    for _ in range(50):
+        c.observe("r", 1, 0, num_asked=8)
+    assert c.best_k("r") == 0

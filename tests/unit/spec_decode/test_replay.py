@@ -66,3 +66,21 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([1, 2], [1, 2]) == 2
+
+
+def test_confidence_stop_drafts_up_to_the_first_unsure_token() -> None:
+    # Position 0: three confident tokens, then an unsure one: k = 4 drafts all four (the
+    # unsure one included) and all are accepted (run 5).
+    runs = [5, 0, 0, 0, 0, 0]
+    conf = [[0.9, 0.9, 0.9, 0.2, 0.9], [0.1, 0.9], [0.9, 0.9], [0.9], [0.3], [0.9]]
+    res = replay(runs, 4, COSTS, confidences=conf, threshold=0.5)
+    # Step 1 at p=0: 4 drafts (stop at the 4th), 4 accepted -> +5, p=5 (last step: k = 0).
+    assert res.k_history == [4, 0]
+    assert (res.num_drafted, res.num_accepted, res.num_tokens) == (4, 4, 6)
+    # An unsure first token: every step drafts one token and pays for one forward.
+    res = replay([0, 0, 0, 0], 3, COSTS, confidences=[[0.1, 0.9, 0.9]] * 4, threshold=0.5)
+    assert res.k_history == [1, 1, 1, 0] and res.decode_s == pytest.approx(
+        3 * (COSTS.draft(1) + COSTS.verify_s[1]) + COSTS.verify_s[0]
+    )
+    with pytest.raises(ValueError, match="one confidence list per run"):
+        replay([0, 0], 1, COSTS, confidences=[[0.5]], threshold=0.5)
