@@ -181,4 +181,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
             "loaded %s %s on %s: weights %s, compute %s, decode/verify path: %s",
             role, name, config.model.device, info["weights"], info["dtype"], info["decode_path"],
         )  # fmt: skip
+    if draft is not None and config.spec.enabled:
+        threshold = config.spec.draft_confidence_threshold
+        engine.model_info["draft_confidence_threshold"] = str(threshold)
+        logger.info(
+            "draft confidence stop: %s",
+            f"after a token drafted below p = {threshold:g}" if threshold > 0 else "off",
+        )
     return engine

@@ -41,6 +41,9 @@ def test_int8_draft_next_to_an_fp32_target_keeps_the_targets_output(smollm2) -> 
     assert isinstance(draft_down, Int8Linear)
     assert type(target_down) is nn.Linear
     assert engine.spec.draft_weights == "int8"  # type: ignore[attr-defined]
+    # /metrics' specserve:model_info says whether the draft's confidence stop is on.
+    threshold = engine.model_info["draft_confidence_threshold"]  # type: ignore[attr-defined]
+    assert threshold == str(SpecConfig(method="ngram").draft_confidence_threshold)
 
 
 def test_head_methods_load_their_head_and_keep_the_bf16_output(smollm2, tmp_path) -> None:  # type: ignore[no-untyped-def]
