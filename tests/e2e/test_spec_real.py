@@ -84,12 +84,12 @@ def test_generate_command_with_an_int8_draft_is_lossless_in_fp32(
             *argv,
             "--max-tokens",
             "16",
-            "--spec-method",
-            "draft",
-            "--draft-model",
+            "--draft-model",  # implies --spec-method draft, as in `specserve serve`
             "smollm2-135m-instruct",
             "--draft-weights",
             "int8",
+            "--draft-confidence-threshold",
+            "0.5",
             "--num-speculative-tokens",
             "3",
             "--dtype",
@@ -100,6 +100,7 @@ def test_generate_command_with_an_int8_draft_is_lossless_in_fp32(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "identical to plain" in out and "acceptance rate" in out
+    assert "[draft]" in out
 
 
 @pytest.fixture(scope="module")

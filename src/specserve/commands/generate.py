@@ -52,11 +52,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_weight_format_args(
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
-    p.add_argument("--spec-method", choices=list(SPEC_METHODS), default="none")
+    p.add_argument(
+        "--spec-method",
+        choices=list(SPEC_METHODS),
+        default=None,
+        help="speculative method (default: draft if --draft-model is given, else none, as in "
+        "`specserve serve`)",
+    )
     p.add_argument(
         "--draft-model",
         default=None,
-        help="draft model (methods 'draft' and 'hybrid'), or the trained head (eagle, medusa)",
+        help="draft model (implies --spec-method draft; also for 'hybrid'), or the trained "
+        "head (eagle, medusa)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -108,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         spec = SpecConfig(
-            method=args.spec_method,
+            method=args.spec_method or ("draft" if args.draft_model else "none"),
             draft_model=args.draft_model,
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=max(args.k_max, args.num_speculative_tokens or 1),

@@ -251,6 +251,32 @@ def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int) -> None:
             assert torch.equal(matmul(x, packed)[pos : pos + 1], single), (m, pos)
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@native
+@pytest.mark.skipif(not _cpu_has("avx512f"), reason="the 16-lane variant needs AVX-512F")
+def test_sixteen_and_eight_lane_kernels_agree_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AVX-512F kernels run the 8-lane (AVX2) arithmetic 16 lanes a vector: same bits,
+    for every M (1- and 2-row paths, register blocks of 3 - 8 rows, several blocks) and a
+    ragged last tile."""
+    gen = torch.Generator().manual_seed(4)
+    for n, k, gs in ((16 * 21 + 5, 1536, 16), (37, 896, 32), (19, 64, 4)):
+        packed = pack(_weight(n, k, gs))
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 40):
+            x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
+            monkeypatch.setenv("SPECSERVE_INT8_AVX512", "1")
+            wide, wide32 = matmul(x, packed), matmul(x.float(), packed)
+            monkeypatch.setenv("SPECSERVE_INT8_AVX512", "0")
+            narrow, narrow32 = matmul(x, packed), matmul(x.float(), packed)
+            assert torch.equal(wide, narrow) and torch.equal(wide32, narrow32), (n, k, m)
+
+
 @native
 def test_thread_count_does_not_change_results() -> None:
     packed = pack(_weight(16 * 37 + 3, 1536, 16))
