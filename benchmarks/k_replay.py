@@ -125,7 +125,7 @@ def replay_all(
         + f" ms (1..{k_max + 1} tokens); draft {1000 * costs.draft_base_s:.1f} ms + "
         f"{1000 * costs.draft_token_s:.1f} ms per token"
     )
-    controller = KController(k_max, proposer_sets_length=threshold > 0, **controller_kwargs)
+    controller = KController(k_max, confidence_stop=threshold > 0, **controller_kwargs)
     fixed = list(range(1, k_max + 1))
     summary: dict[str, tuple[float, float]] = {}
     print(f"\nconfidence threshold {threshold:g}")

@@ -225,8 +225,8 @@ class SpecConfig:
 
     @property
     def draft_stops_itself(self) -> bool:
-        """Whether a draft model ends its drafts where it becomes unsure (then the k
-        controller only decides whether to draft: ``KController.proposer_sets_length``)."""
+        """Whether a draft model ends its drafts after an unsure token (the k controller then
+        models draft lengths from it: ``KController.confidence_stop``)."""
         return self.uses_draft_model and self.draft_confidence_threshold > 0
 
     @property

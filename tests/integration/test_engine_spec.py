@@ -114,7 +114,7 @@ def test_confidence_stop_equals_plain(method: str, k: int | None) -> None:
     draft = make_tiny_model("qwen2", seed=4, vocab_size=VOCAB)
     engine = make_engine(target, method, k, draft, confidence_threshold=0.35)
     assert engine.k_controller is not None
-    assert engine.k_controller.proposer_sets_length
+    assert engine.k_controller.confidence_stop
     assert_equals_plain(engine, target, n=6, seed=3)
     spec = engine.stats().spec
     assert spec.num_drafts > 0

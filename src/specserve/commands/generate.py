@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         k: int | KController = (
             spec.num_speculative_tokens
             if spec.num_speculative_tokens is not None
-            else KController(spec.k_max, proposer_sets_length=spec.draft_stops_itself)
+            else KController(spec.k_max, confidence_stop=spec.draft_stops_itself)
         )
         results[spec.method] = generate_speculative(
             target.model, proposer, prompt_ids, params, eos, k, detokenize=detok

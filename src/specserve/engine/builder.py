@@ -74,7 +74,7 @@ def build_spec(
     if isinstance(head, MedusaHeads):  # one head per draft position: k never exceeds them
         k_max = min(k_max, head.cfg.num_heads)
         fixed_k = None if fixed_k is None else min(fixed_k, k_max)
-    controller = KController(k_max, fixed_k=fixed_k, proposer_sets_length=spec.draft_stops_itself)
+    controller = KController(k_max, fixed_k=fixed_k, confidence_stop=spec.draft_stops_itself)
     proposer = make_proposer(
         spec.method,
         target.cfg.vocab_size,

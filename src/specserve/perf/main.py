@@ -225,7 +225,7 @@ def _in_process_arms(
                 f"specserve {fmt} {draft} k=adaptive",
                 tm,
                 factory,
-                lambda: KController(8, proposer_sets_length=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0),
+                lambda: KController(8, confidence_stop=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0),
                 params,
                 eos,
             )

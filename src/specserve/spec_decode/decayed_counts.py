@@ -64,3 +64,42 @@ class ContinuationCounts:
             return prior
         i = min(pos, len(self.chances)) - 1
         return (self.continued[i] + weight * prior) / (self.chances[i] + weight)
+
+
+@dataclass
+class ConfidenceCounts:
+    """For a proposer with a confidence stop (it ends a draft after its first unsure token):
+    decayed counts of drafted tokens whose class is known and of the confident ones among
+    them, and per class, of tokens whose verdict was seen and of those accepted.
+
+    Classes of a step that drafted d of k asked: d < k means the stop ended it, so tokens
+    1 .. d - 1 were confident and token d unsure; d = k means tokens 1 .. k - 1 were
+    confident and token k's class is unknown (counted as confident for acceptance, not
+    counted for the confident fraction).
+    """
+
+    known: float = 0.0
+    confident: float = 0.0
+    seen: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    accepted: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+
+    def observe(self, num_asked: int, num_drafted: int, num_accepted: int, decay: float) -> None:
+        self.known *= decay
+        self.confident *= decay
+        for c in (True, False):
+            self.seen[c] *= decay
+            self.accepted[c] *= decay
+        stopped = num_drafted < num_asked
+        self.known += num_drafted if stopped else num_drafted - 1
+        self.confident += num_drafted - 1
+        for pos in range(min(num_accepted + 1, num_drafted)):  # verdicts seen
+            confident = not (stopped and pos == num_drafted - 1)
+            self.seen[confident] += 1.0
+            if pos < num_accepted:
+                self.accepted[confident] += 1.0
+
+    def confident_rate(self, prior: float, weight: float) -> float:
+        return (self.confident + weight * prior) / (self.known + weight)
+
+    def acceptance(self, confident: bool, prior: float, weight: float) -> float:
+        return (self.accepted[confident] + weight * prior) / (self.seen[confident] + weight)

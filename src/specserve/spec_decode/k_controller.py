@@ -32,12 +32,19 @@ Terms:
         memory bound).
     rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
 
-A proposer that ends its own drafts where it becomes unsure (a draft model with a confidence
-stop, ``proposer_sets_length``) knows better than these averages how far the current draft
-will hold: its stop sees the draft's confidence in each token. The controller then only
-decides whether to draft, asking for the largest explored k when rate(k) beats plain
-decoding. Replays of recorded traces (``benchmarks/k_replay.py --thresholds``) measured this
-policy above the argmax over k with the same stop, on both suites.
+A draft model with a confidence stop (``confidence_stop``) ends a draft after its first
+token drafted with a low top probability. Its draft length then says how sure the draft is:
+the tokens before the last are confident ones, accepted far more often than unsure ones,
+which per-position averages cannot see (they made the controller pick k = 2-3 on prose
+where asking for 8 and letting the stop cut was faster). So the controller models the
+draft instead: each token is confident with probability q, accepted with a_c if confident and
+a_u if not, the draft continues while its tokens are confident. Then P(d = j) = q^(j-1) (1 - q)
+for j < k (q^(k-1) for j = k) and P(first j accepted) = (q a_c)^(j-1) (q a_c + (1 - q) a_u);
+q, a_c, a_u are decayed counts per request shrunk towards those of all requests, and those
+towards priors (0.8, 0.8, 0.4). k is still the argmax of E(k) / C(k), so a target whose
+multi-token verify is dear keeps short drafts. Replays of recorded traces
+(``benchmarks/k_replay.py --thresholds``) chose this over the per-position model with the
+same stop, and over always asking for the largest explored k.
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
 ``probe_interval`` plain steps a request probes with a small k so that its acceptance
@@ -66,12 +73,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specserve.spec_decode.decayed_counts import AcceptanceCounts, ContinuationCounts
+from specserve.spec_decode.decayed_counts import (
+    AcceptanceCounts,
+    ConfidenceCounts,
+    ContinuationCounts,
+)
 
 # Relative cost of a forward over T tokens vs 1 when nothing is measured yet: +2 % per token
 # (memory-bound small steps: measured on a 2-core CPU, 1-5 tokens cost about what 1 does,
 # 8-16 about 1.2x).
 _VERIFY_SLOPE_PRIOR = 0.02
+
+
+# Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
+_PRIOR_CONFIDENT = 0.8
+_PRIOR_ACCEPT_CONFIDENT = 0.8
+_PRIOR_ACCEPT_UNSURE = 0.4
 
 
 def _prior_verify(num_step_tokens: int) -> float:
@@ -82,6 +99,7 @@ def _prior_verify(num_step_tokens: int) -> float:
 class _RequestState:
     acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     continuation: ContinuationCounts = field(default_factory=ContinuationCounts)
+    confidence: ConfidenceCounts = field(default_factory=ConfidenceCounts)
     plain_steps: int = 0  # consecutive steps with k = 0
     probe_backoff: int = 1  # the probe interval's current factor
     probing: bool = False  # the last k chosen was a probe
@@ -102,9 +120,9 @@ class KController:
             whose drafts were all rejected.
         draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
         ema: weight of a new cost measurement in the running averages.
-        proposer_sets_length: the proposer ends each draft itself where it becomes unsure (a
-            draft model's confidence stop); the controller then only chooses between a plain
-            step and asking for the largest explored k, whichever rate is higher.
+        confidence_stop: the proposer ends each draft after its first unsure token (a draft
+            model's confidence stop): expected tokens and draft lengths follow the
+            confident/unsure model of the module docstring.
     """
 
     def __init__(
@@ -119,7 +137,7 @@ class KController:
         max_probe_backoff: int = 8,
         draft_cost_prior: float = 0.1,
         ema: float = 0.2,
-        proposer_sets_length: bool = False,
+        confidence_stop: bool = False,
     ) -> None:
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
@@ -145,9 +163,10 @@ class KController:
         self.max_probe_backoff = max_probe_backoff
         self.draft_cost_prior = draft_cost_prior
         self.ema = ema
-        self.proposer_sets_length = proposer_sets_length
+        self.confidence_stop = confidence_stop
         self._global = AcceptanceCounts()
         self._global_continuation = ContinuationCounts()
+        self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
         self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
         self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
@@ -180,6 +199,8 @@ class KController:
         self._global.observe(num_drafted, num_accepted, self.global_decay)
         state.continuation.observe(num_asked, num_drafted, self.decay)
         self._global_continuation.observe(num_asked, num_drafted, self.global_decay)
+        state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
+        self._global_confidence.observe(num_asked, num_drafted, num_accepted, self.global_decay)
 
     def record_cost(
         self,
@@ -235,16 +256,36 @@ class KController:
             out.append(own.rate(j, prior, self.prior_weight) if own is not None else prior)
         return out
 
+    def confidence_estimates(self, request_id: str) -> tuple[float, float, float]:
+        """(q, a_c, a_u) of the confidence-stop model for the request."""
+        state = self._requests.get(request_id)
+        own = state.confidence if state is not None else None
+        g, w = self._global_confidence, self.prior_weight
+        q = g.confident_rate(_PRIOR_CONFIDENT, w)
+        a_c = g.acceptance(True, _PRIOR_ACCEPT_CONFIDENT, w)
+        a_u = g.acceptance(False, _PRIOR_ACCEPT_UNSURE, w)
+        if own is None:
+            return q, a_c, a_u
+        return own.confident_rate(q, w), own.acceptance(True, a_c, w), own.acceptance(False, a_u, w)
+
     def draft_length_distribution(self, request_id: str, k: int) -> list[float]:
         """P(d = 1) .. P(d = k): how many drafts a step asking for k > 0 gets back."""
         at_least = [1.0]  # P(d >= 1), P(d >= 2), ...
-        for c in self.continuation_estimates(request_id, k):
-            at_least.append(at_least[-1] * c)
+        if self.confidence_stop:
+            q = self.confidence_estimates(request_id)[0]
+            at_least += [q**j for j in range(1, k)]
+        else:
+            for c in self.continuation_estimates(request_id, k):
+                at_least.append(at_least[-1] * c)
         at_least.append(0.0)
         return [at_least[d] - at_least[d + 1] for d in range(k)]
 
     def expected_tokens(self, request_id: str, k: int) -> float:
         """E(k): expected tokens from one verify step asking for k drafts."""
+        if self.confidence_stop:
+            q, a_c, a_u = self.confidence_estimates(request_id)
+            head, last = q * a_c, q * a_c + (1 - q) * a_u
+            return 1.0 + sum(head ** (j - 1) * last for j in range(1, k + 1))
         total, reach = 1.0, 1.0
         drafted = 1.0  # P(d >= j)
         conts = self.continuation_estimates(request_id, k)
@@ -337,14 +378,8 @@ class KController:
         return max(0, min(self.k_max, 2 * max(measured) // batch_size - 1))
 
     def best_k(self, request_id: str, batch_size: int = 1) -> int:
-        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k); with
-        ``proposer_sets_length``, over {0, explored_k}."""
+        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k)."""
         limit = self.explored_k(batch_size)
-        if self.proposer_sets_length:
-            drafting = limit > 0 and (
-                self.rate(request_id, limit, batch_size) > self.rate(request_id, 0, batch_size)
-            )
-            return limit if drafting else 0
         rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 

@@ -85,11 +85,11 @@ def test_a_draft_confidence_stop_reaches_the_proposer_and_the_controller() -> No
     spec = SpecConfig(method="draft", draft_model="d", draft_confidence_threshold=0.4)
     proposer, controller = build_spec(spec, target, draft)
     assert isinstance(proposer, DraftModelProposer) and proposer.confidence_threshold == 0.4
-    assert controller is not None and controller.proposer_sets_length
+    assert controller is not None and controller.confidence_stop
     off = SpecConfig(method="draft", draft_model="d", draft_confidence_threshold=0.0)
     proposer, controller = build_spec(off, target, draft)
     assert isinstance(proposer, DraftModelProposer) and proposer.confidence_threshold == 0.0
-    assert controller is not None and not controller.proposer_sets_length
+    assert controller is not None and not controller.confidence_stop
     # n-gram drafts have no confidence: the controller keeps choosing k itself.
     _, controller = build_spec(SpecConfig(method="ngram"), target)
-    assert controller is not None and not controller.proposer_sets_length
+    assert controller is not None and not controller.confidence_stop

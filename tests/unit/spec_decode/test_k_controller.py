@@ -307,18 +307,41 @@ def simulate_stopping_draft(c: KController | None, k_fixed: int, steps: int = 40
     return tokens / seconds
 
 
-def test_a_draft_that_stops_itself_is_asked_for_the_largest_k() -> None:
+def test_a_draft_that_stops_itself_is_modelled_and_asked_for_long_drafts() -> None:
     best_fixed = max(simulate_stopping_draft(None, k) for k in range(9))
     # With the stop, asking for the most is as good as the best fixed k (within noise).
     assert simulate_stopping_draft(None, 8) >= 0.97 * best_fixed
-    two_way = KController(8, proposer_sets_length=True)
-    rate = simulate_stopping_draft(two_way, 0)
+    model = KController(8, confidence_stop=True)
+    rate = simulate_stopping_draft(model, 0)
     assert rate >= 0.95 * best_fixed, (rate, best_fixed)
-    assert {two_way.choose_k("r") for _ in range(5)} <= {0, 8}
+    assert min(model.choose_k("r") for _ in range(5)) >= 6
+    q, a_c, a_u = model.confidence_estimates("r")  # truth: 0.7, 0.95, 0.3
+    assert 0.5 < q < 0.8 and a_c > 0.9 and a_u < 0.5
+    # Per-position averages cannot see that a running draft is a confident one: they stop
+    # short and lose.
+    per_position = KController(8)
+    assert simulate_stopping_draft(per_position, 0) < 0.93 * rate
     # When drafting does not pay, it still chooses plain steps.
-    c = KController(8, proposer_sets_length=True)
+    c = KController(8, confidence_stop=True)
     c.record_cost(0.0, 0, 0.2, 1)
     c.record_cost(0.4, 4, 0.3, 5)
     for _ in range(50):
         c.observe("r", 1, 0, num_asked=8)
     assert c.best_k("r") == 0
+
+
+def test_confidence_counts_classify_tokens_from_draft_lengths() -> None:
+    from specserve.spec_decode.decayed_counts import ConfidenceCounts
+
+    counts = ConfidenceCounts()
+    # Asked 8, drafted 3: the stop ended it, so tokens 1-2 were confident, token 3 unsure;
+    # 2 accepted: both confident ones accepted, the unsure one rejected.
+    counts.observe(8, 3, 2, decay=1.0)
+    assert (counts.known, counts.confident) == (3.0, 2.0)
+    assert counts.seen == {True: 2.0, False: 1.0} and counts.accepted == {True: 2.0, False: 0.0}
+    # Asked 4, drafted 4: token 4's class is unknown; 1 accepted: verdicts of tokens 1-2 seen.
+    counts.observe(4, 4, 1, decay=1.0)
+    assert (counts.known, counts.confident) == (6.0, 5.0)
+    assert counts.seen == {True: 4.0, False: 1.0} and counts.accepted == {True: 3.0, False: 0.0}
+    assert counts.confident_rate(0.5, 0.0) == pytest.approx(5 / 6)
+    assert counts.acceptance(False, 0.4, 1.0) == pytest.approx(0.4 / 2)
