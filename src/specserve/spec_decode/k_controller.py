@@ -73,26 +73,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specserve.spec_decode import verify_costs
 from specserve.spec_decode.decayed_counts import (
     AcceptanceCounts,
     ConfidenceCounts,
     ContinuationCounts,
 )
 
-# Relative cost of a forward over T tokens vs 1 when nothing is measured yet: +2 % per token
-# (memory-bound small steps: measured on a 2-core CPU, 1-5 tokens cost about what 1 does,
-# 8-16 about 1.2x).
-_VERIFY_SLOPE_PRIOR = 0.02
-
-
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
 _PRIOR_CONFIDENT = 0.8
 _PRIOR_ACCEPT_CONFIDENT = 0.8
 _PRIOR_ACCEPT_UNSURE = 0.4
-
-
-def _prior_verify(num_step_tokens: int) -> float:
-    return 1.0 + _VERIFY_SLOPE_PRIOR * (num_step_tokens - 1)
 
 
 @dataclass
@@ -298,49 +289,15 @@ class KController:
 
     def verify_cost(self, num_tokens: int, batch_size: int = 1) -> float:
         """Estimated target step time for ``num_tokens`` per request in a batch of
-        ``batch_size`` (unit 1 per token-free step if nothing is measured).
-
-        Costs are kept per total step size T = batch_size * num_tokens, the quantity a
-        forward's time depends on, made non-decreasing in T; an unmeasured T is interpolated
-        linearly between the nearest measured sizes, or scaled from the nearest one by the
-        prior slope.
-        """
-        size = batch_size * num_tokens
-        cost = self._measured_by_size()
-        if not cost:
-            return _prior_verify(size)
-        if size in cost:
-            return cost[size]
-        below = [t for t in cost if t < size]
-        above = [t for t in cost if t > size]
-        if below and above:
-            lo, hi = max(below), min(above)
-            return cost[lo] + (cost[hi] - cost[lo]) * (size - lo) / (hi - lo)
-        nearest = max(below) if below else min(above)
-        scaled = cost[nearest] * _prior_verify(size) / _prior_verify(nearest)
-        if above or len(below) < 2:
-            return scaled
-        # Past the largest measured size: along the slope of the two largest ones (a CPU
-        # whose multi-row steps are compute bound costs far more than the prior slope says),
-        # never less than the prior's scaling.
-        lo = max(t for t in below if t < nearest)
-        slope = (cost[nearest] - cost[lo]) / (nearest - lo)
-        return max(scaled, cost[nearest] + slope * (size - nearest))
+        ``batch_size`` (``verify_costs.estimate``: kept per total step size, interpolated or
+        extrapolated; unit 1 per token-free step while nothing is measured)."""
+        return verify_costs.estimate(self._measured_by_size(), batch_size * num_tokens)
 
     def _measured_by_size(self) -> dict[int, float]:
         """Measured verify seconds per total step size, made non-decreasing in the size;
         rebuilt after each new measurement."""
         if self._cost_by_size is None:
-            by_size: dict[int, list[float]] = {}
-            for (b, n), seconds in self._verify_cost.items():
-                by_size.setdefault(b * n, []).append(seconds)
-            # A bigger step never costs less: noisy measurements (a 3-token forward timed
-            # below a 1-token one) would make drafting look cheaper than plain decoding.
-            running = 0.0
-            self._cost_by_size = {}
-            for t in sorted(by_size):
-                running = max(running, sum(by_size[t]) / len(by_size[t]))
-                self._cost_by_size[t] = running
+            self._cost_by_size = verify_costs.by_size(self._verify_cost)
         return self._cost_by_size
 
     def plain_cost_measured(self, batch_size: int = 1) -> bool:
