@@ -35,8 +35,8 @@ Terms:
 A draft model with a confidence stop (``confidence_stop``) ends a draft after its first
 token drafted with a low top probability. Its draft length then says how sure the draft is:
 the tokens before the last are confident ones, accepted far more often than unsure ones,
-which per-position averages cannot see (they made the controller pick k = 2-3 on prose
-where asking for 8 and letting the stop cut was faster). So the controller models the
+which per-position averages cannot see (with them the controller kept drafts short where
+asking for more and letting the stop cut them was faster). So the controller models the
 draft instead: each token is confident with probability q, accepted with a_c if confident and
 a_u if not, the draft continues while its tokens are confident. Then P(d = j) = q^(j-1) (1 - q)
 for j < k (q^(k-1) for j = k) and P(first j accepted) = (q a_c)^(j-1) (q a_c + (1 - q) a_u);
