@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specserve.commands.serve import add_weight_format_args, default_weights, parse_k
-from specserve.config import (
-    DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
-    SPEC_METHODS,
-    SpecConfig,
-    resolve_dtype,
+from specserve.commands.serve import (
+    add_draft_confidence_arg,
+    add_weight_format_args,
+    default_weights,
+    parse_k,
 )
+from specserve.config import SPEC_METHODS, SpecConfig, resolve_dtype
 from specserve.dtypes import torch_dtype
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import check_vocab_compatible
@@ -73,14 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="draft tokens per step, or 'auto' for the adaptive controller (default auto)",
     )
     p.add_argument("--k-max", type=int, default=K_MAX_DEFAULT, help="largest adaptive k")
-    p.add_argument(
-        "--draft-confidence-threshold",
-        type=float,
-        default=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
-        metavar="P",
-        help="a draft model stops drafting after a token it drafted with a top probability "
-        "below P (default %(default)s; 0 drafts all k)",
-    )
+    add_draft_confidence_arg(p)
     p.add_argument("--compare-plain", action="store_true", help="also run plain decoding")
     p.set_defaults(func=run)
 

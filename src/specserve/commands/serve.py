@@ -93,6 +93,18 @@ def add_weight_format_args(p: argparse.ArgumentParser, weights_help: str) -> Non
     )
 
 
+def add_draft_confidence_arg(p: argparse.ArgumentParser) -> None:
+    """``--draft-confidence-threshold`` (``SpecConfig.draft_confidence_threshold``)."""
+    p.add_argument(
+        "--draft-confidence-threshold",
+        type=float,
+        default=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+        metavar="P",
+        help="a draft model stops drafting after a token it drafted with a top probability "
+        "below P; output is unchanged (default %(default)s; 0 drafts all k)",
+    )
+
+
 def default_weights(model: str, device: str, dtype: str | None) -> WeightFormat | None:
     """The target's format when ``--weights`` is not given (``gguf`` for a quantised GGUF
     file on CPU, see ``loading/gguf_stored.default_format``)."""
@@ -180,14 +192,7 @@ def register(subparsers: Any) -> None:
         help="no drafting in steps with at least N requests (large batches are compute bound; "
         "default: never, the adaptive k alone decides)",
     )
-    p.add_argument(
-        "--draft-confidence-threshold",
-        type=float,
-        default=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
-        metavar="P",
-        help="a draft model stops drafting after a token it drafted with a top probability "
-        "below P; output is unchanged (default %(default)s; 0 drafts all k)",
-    )
+    add_draft_confidence_arg(p)
     p.add_argument(
         "--draft-num-layers",
         type=int,

@@ -146,6 +146,16 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
   }
 }
 
+// Step each tile's stream to its next 64-byte block, prefetching kPrefetch bytes ahead.
+template <int NT>
+inline void next_block(const int8_t* (&w)[NT]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
+    w[t] += kBlockBytes;
+  }
+}
+
 // Input c's codes of one half of a tile's block as fp32 (exact).
 inline __m256 codes_f32(const int8_t* block, int64_t offset) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + offset));
@@ -203,11 +213,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           }
         }
       }
-#pragma GCC unroll 16
-      for (int t = 0; t < NT; ++t) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
-        w[t] += kBlockBytes;
-      }
+      next_block<NT>(w);
       xk += kBlockK * MR;
     }
 #pragma GCC unroll 16
@@ -249,6 +255,14 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 // its 8-byte runs in the order (h0 c0, h0 c1, h0 c2, h0 c3, h1 c0, ...); one permute puts the
 // two halves of each input c side by side, then input c's 16 codes are widened to fp32.
 template <int NT, int MR>
+inline void zero(__m512 (&v)[NT][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) v[t][m] = _mm512_setzero_ps();
+}
+
+template <int NT, int MR>
 void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
   const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
@@ -267,17 +281,11 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
   const float* xk = p.xf + m0 * p.K;  // x[m0 + m, k] at xk[k * MR + m]
 
   __m512 y[NT][MR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+  zero(y);
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
     __m512 acc[NT][MR];
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) acc[t][m] = _mm512_setzero_ps();
+    zero(acc);
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
       __m512i block[NT];
 #pragma GCC unroll 16
@@ -300,11 +308,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
             acc[t][m] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[c * MR + m]), acc[t][m]);
         }
       }
-#pragma GCC unroll 16
-      for (int t = 0; t < NT; ++t) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
-        w[t] += kBlockBytes;
-      }
+      next_block<NT>(w);
       xk += kBlockK * MR;
     }
 #pragma GCC unroll 16
