@@ -85,11 +85,11 @@ def draft_cost_sample(proposer: object, draft_s: float, num_draft_steps: int) ->
     """The propose time and k that a step teaches the k controller: ``(draft_s,
     num_draft_steps)``, or ``(0.0, 0)`` (nothing learnt about drafting) when the latest
     propose call of ``proposer`` caught up more than :data:`CATCH_UP_STEADY` committed tokens.
-    A proposer that reports ``last_num_forwards`` (its draft forwards in that call) is charged
-    per forward run, not per token asked for.
     Such a call also ran the tokens of the k = 0 steps before it. Counted as k tokens'
     drafting, its time makes drafting look several times dearer than it is, and a controller
-    that believes that stops drafting for good: every later probe is another burst."""
+    that believes that stops drafting for good: every later probe is another burst.
+    A proposer that reports ``last_num_forwards`` (its draft forwards in that call) is charged
+    per forward run, not per token asked for."""
     if getattr(proposer, "last_catch_up_tokens", 0) > CATCH_UP_STEADY:
         return 0.0, 0
     # A proposer that stops early (a draft model's confidence stop) ran fewer forwards than
