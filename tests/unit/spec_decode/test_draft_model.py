@@ -198,3 +198,22 @@ def test_confidence_threshold_is_checked() -> None:
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="confidence_threshold"):
             DraftModelProposer(make_tiny_model(seed=9), 97, confidence_threshold=bad)
+
+
+def test_draft_cost_is_charged_per_forward_run() -> None:
+    """The k controller learns a draft's cost per forward it ran: a confidence stop's short
+    draft is not charged as k tokens; a catch-up burst teaches nothing."""
+    from specserve.spec_decode.proposer import draft_cost_sample
+
+    model = make_tiny_model("qwen2", seed=8)
+    stopped = DraftModelProposer(model, 97, confidence_threshold=0.99)  # stops after 1 token
+    stopped.prefill("r", [3, 1])  # so the propose catches up one token, as in steady state
+    assert len(stopped.propose([inp("r", [3, 1, 4], 6)])[0]) == 1
+    assert stopped.last_num_forwards == 1
+    assert draft_cost_sample(stopped, 0.02, 6) == (0.02, 1)
+    full = DraftModelProposer(model, 97)
+    full.prefill("r", [3, 1])
+    full.propose([inp("r", [3, 1, 4], 6)])
+    assert full.last_num_forwards == 6 and draft_cost_sample(full, 0.12, 6) == (0.12, 6)
+    full.propose([inp("r", [3, 1, 4, 5, 9, 2, 6, 5, 3], 2)])  # catches up 6 committed tokens
+    assert draft_cost_sample(full, 0.05, 2) == (0.0, 0)
