@@ -22,14 +22,14 @@ Terms:
     step cost C(k) = draft_cost(E[d]) + E[verify_cost(d + 1)]: measured wall times (with no
         early stops, d = k: draft_cost(k) + verify_cost(k + 1)). Asking for more drafts than
         a stop lets through costs nothing, so with a confidence stop the best k is often
-        k_max and the stop sets each step's length from the draft's own confidence. The draft cost
-        is a per-draft-token time per batch size (the engine passes it); the verify cost is
-        kept per total step size batch_size * (k + 1), so a large batch, where extra verify
-        tokens make the forward compute bound, sees its real cost. Unmeasured sizes are
-        interpolated between measured ones; past the largest measured size, extrapolated
-        along the slope of the two largest (at least the prior's scaling); otherwise scaled by
-        a mild prior slope (a k + 1 token forward costs about what a 1 token forward does when
-        memory bound).
+        k_max and the stop sets each step's length from the draft's own confidence. The
+        draft cost is a time per draft forward, per batch size (the engine passes it); the
+        verify cost is kept per total step size batch_size * (k + 1), so a large batch, where
+        extra verify tokens make the forward compute bound, sees its real cost. Unmeasured
+        sizes are interpolated between measured ones; past the largest measured size,
+        extrapolated along the slope of the two largest (at least the prior's scaling);
+        otherwise scaled by a mild prior slope (a k + 1 token forward costs about what a 1
+        token forward does when memory bound).
     rate(k) = E(k) / C(k); rate(0) = 1 / verify_cost(1) is plain decoding.
 
 A draft model with a confidence stop (``confidence_stop``) ends a draft after its first
