@@ -1,8 +1,7 @@
 """Decayed per-position counts behind the k controller's estimates (``k_controller.py``).
 
-Both keep, per draft position, a decayed count of chances and of successes, and give a
-shrunk rate: (successes + weight * prior) / (chances + weight). Positions past the last one
-seen take its counts.
+Each keeps decayed counts of chances and of successes and gives a shrunk rate:
+(successes + weight * prior) / (chances + weight).
 """
 
 from __future__ import annotations
@@ -11,59 +10,38 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class AcceptanceCounts:
-    """Decayed counts, per draft position i, of drafts that reached i (every earlier one
-    accepted) and of those accepted there."""
+class PrefixCounts:
+    """Decayed counts, per position i, of steps that reached i (its outcome was seen) and of
+    those that succeeded there. A step reaches a prefix of the positions and succeeds on a
+    prefix of those. Two uses in the k controller:
 
-    accepted: list[float] = field(default_factory=list)  # decayed count per position
-    reached: list[float] = field(default_factory=list)  # decayed drafts reaching position
+    - acceptance a_i: position i is draft token i; a step that drafted d and had a accepted
+      reaches positions < min(d, a + 1) and succeeds at positions < a.
+    - continuation c_j: position j - 1 is the chance to draft past token j; a step that asked
+      for k and got d reaches positions < min(d, k - 1) and succeeds at positions < d - 1.
+    """
 
-    def observe(self, num_drafted: int, num_accepted: int, decay: float) -> None:
-        self.accepted[:] = [a * decay for a in self.accepted]
+    reached: list[float] = field(default_factory=list)
+    succeeded: list[float] = field(default_factory=list)
+
+    def observe(self, num_reached: int, num_succeeded: int, decay: float) -> None:
         self.reached[:] = [r * decay for r in self.reached]
-        n = min(num_drafted, num_accepted + 1)  # positions whose outcome we saw
-        while len(self.reached) < n:
+        self.succeeded[:] = [s * decay for s in self.succeeded]
+        while len(self.reached) < num_reached:
             self.reached.append(0.0)
-            self.accepted.append(0.0)
-        for i in range(n):
+            self.succeeded.append(0.0)
+        for i in range(num_reached):
             self.reached[i] += 1.0
-            if i < num_accepted:
-                self.accepted[i] += 1.0
+            if i < num_succeeded:
+                self.succeeded[i] += 1.0
 
     def rate(self, pos: int, prior: float, weight: float) -> float:
-        """Shrunk estimate of a_pos; unseen positions take the last seen one's counts."""
+        """Shrunk estimate at position ``pos``; positions past the last seen take its
+        counts."""
         if not self.reached:
             return prior
         i = min(pos, len(self.reached) - 1)
-        return (self.accepted[i] + weight * prior) / (self.reached[i] + weight)
-
-
-@dataclass
-class ContinuationCounts:
-    """Decayed counts, per draft position j >= 1, of steps whose proposer could have drafted
-    past j - 1 (asked for more, returned at least j) and of those where it did."""
-
-    chances: list[float] = field(default_factory=list)  # index j - 1
-    continued: list[float] = field(default_factory=list)
-
-    def observe(self, num_asked: int, num_drafted: int, decay: float) -> None:
-        self.chances[:] = [c * decay for c in self.chances]
-        self.continued[:] = [c * decay for c in self.continued]
-        n = min(num_drafted, num_asked - 1)  # positions j = 1 .. n had the chance
-        while len(self.chances) < n:
-            self.chances.append(0.0)
-            self.continued.append(0.0)
-        for j in range(1, n + 1):
-            self.chances[j - 1] += 1.0
-            if num_drafted > j:
-                self.continued[j - 1] += 1.0
-
-    def rate(self, pos: int, prior: float, weight: float) -> float:
-        """Shrunk estimate of c_pos (pos >= 1); positions past the last seen take its counts."""
-        if not self.chances:
-            return prior
-        i = min(pos, len(self.chances)) - 1
-        return (self.continued[i] + weight * prior) / (self.chances[i] + weight)
+        return (self.succeeded[i] + weight * prior) / (self.reached[i] + weight)
 
 
 @dataclass

@@ -74,11 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.spec_decode import verify_costs
-from specserve.spec_decode.decayed_counts import (
-    AcceptanceCounts,
-    ConfidenceCounts,
-    ContinuationCounts,
-)
+from specserve.spec_decode.decayed_counts import ConfidenceCounts, PrefixCounts
 
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
 _PRIOR_CONFIDENT = 0.8
@@ -88,8 +84,8 @@ _PRIOR_ACCEPT_UNSURE = 0.4
 
 @dataclass
 class _RequestState:
-    acceptance: AcceptanceCounts = field(default_factory=AcceptanceCounts)
-    continuation: ContinuationCounts = field(default_factory=ContinuationCounts)
+    acceptance: PrefixCounts = field(default_factory=PrefixCounts)  # a_i
+    continuation: PrefixCounts = field(default_factory=PrefixCounts)  # c_j at index j - 1
     confidence: ConfidenceCounts = field(default_factory=ConfidenceCounts)
     plain_steps: int = 0  # consecutive steps with k = 0
     probe_backoff: int = 1  # the probe interval's current factor
@@ -155,8 +151,8 @@ class KController:
         self.draft_cost_prior = draft_cost_prior
         self.ema = ema
         self.confidence_stop = confidence_stop
-        self._global = AcceptanceCounts()
-        self._global_continuation = ContinuationCounts()
+        self._global = PrefixCounts()
+        self._global_continuation = PrefixCounts()
         self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
         self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
@@ -186,12 +182,15 @@ class KController:
                 state.probe_backoff = 1
             else:
                 state.probe_backoff = min(2 * state.probe_backoff, self.max_probe_backoff)
-        state.acceptance.observe(num_drafted, num_accepted, self.decay)
-        self._global.observe(num_drafted, num_accepted, self.global_decay)
-        state.continuation.observe(num_asked, num_drafted, self.decay)
-        self._global_continuation.observe(num_asked, num_drafted, self.global_decay)
-        state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
-        self._global_confidence.observe(num_asked, num_drafted, num_accepted, self.global_decay)
+        if self.confidence_stop:  # the confident/unsure model replaces a_i and c_j
+            state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
+            self._global_confidence.observe(num_asked, num_drafted, num_accepted, self.global_decay)
+            return
+        reached, conts = min(num_drafted, num_accepted + 1), min(num_drafted, num_asked - 1)
+        state.acceptance.observe(reached, num_accepted, self.decay)
+        self._global.observe(reached, num_accepted, self.global_decay)
+        state.continuation.observe(conts, num_drafted - 1, self.decay)
+        self._global_continuation.observe(conts, num_drafted - 1, self.global_decay)
 
     def record_cost(
         self,
@@ -240,11 +239,11 @@ class KController:
     def continuation_estimates(self, request_id: str, k: int) -> list[float]:
         """Estimated c_1 .. c_{k-1} for the request (1.0 where nothing ever stopped early)."""
         state = self._requests.get(request_id)
-        own = state.continuation if state is not None and state.continuation.chances else None
+        own = state.continuation if state is not None and state.continuation.reached else None
         out = []
         for j in range(1, k):
-            prior = self._global_continuation.rate(j, 1.0, self.prior_weight)
-            out.append(own.rate(j, prior, self.prior_weight) if own is not None else prior)
+            prior = self._global_continuation.rate(j - 1, 1.0, self.prior_weight)
+            out.append(own.rate(j - 1, prior, self.prior_weight) if own is not None else prior)
         return out
 
     def confidence_estimates(self, request_id: str) -> tuple[float, float, float]:
