@@ -37,6 +37,17 @@ MAX_VOCAB_PADDING = 512
 _PROBE_TEXT = "def add(a, b):\n    return a + b  # Hello, world! 123 ümlaut 日本"
 
 
+def confident_draft_length(confidences: Sequence[float], k: int, threshold: float) -> int:
+    """How many of a draft's tokens the confidence stop lets through when k are asked for,
+    given each token's top probability: up to the first below ``threshold``, that one
+    included. ``propose`` applies this rule token by token; replays of recorded traces
+    (``replay.py``) apply it to a whole recorded draft."""
+    for j, c in enumerate(confidences[:k]):
+        if c < threshold:
+            return j + 1
+    return k
+
+
 class VocabMismatchError(ValueError):
     """The draft model cannot draft for the target (different tokenizer or vocabulary)."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specserve.spec_decode.draft_model import confident_draft_length
 from specserve.spec_decode.k_controller import KController
 
 
@@ -102,7 +103,7 @@ def replay(
             k = min(k, last - pos - 1, costs.k_max)  # drafts + 1 bonus fit the budget
             asked = k
             if confidences is not None and k > 0:
-                k = _confident_prefix(confidences[pos], k, threshold)
+                k = confident_draft_length(confidences[pos], k, threshold)
             accepted = min(k, runs[pos])
             draft_s, verify_s = costs.draft(k), costs.verify_s[k]
             out.decode_s += draft_s + verify_s
@@ -119,15 +120,6 @@ def replay(
         if isinstance(policy, KController):
             policy.release(request_id)
     return out
-
-
-def _confident_prefix(confidences: Sequence[float], k: int, threshold: float) -> int:
-    """Drafts a confidence stop lets through: up to the first below ``threshold``, that one
-    included, at most k."""
-    for j, c in enumerate(confidences[:k]):
-        if c < threshold:
-            return j + 1
-    return k
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

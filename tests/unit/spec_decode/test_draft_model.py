@@ -13,6 +13,7 @@ from specserve.spec_decode.draft_model import (
     DraftModelProposer,
     VocabMismatchError,
     check_vocab_compatible,
+    confident_draft_length,
 )
 from specserve.spec_decode.proposer import ProposeInput
 from tests.conftest import make_tiny_model
@@ -156,19 +157,13 @@ def test_prefill_then_propose_equals_propose() -> None:
     assert proposer._lanes["r"].tokens == [*prompt, 7, *draft[:-1]]
 
 
-def _expected_stop(confidences: list[float], k: int, threshold: float) -> int:
-    for j, c in enumerate(confidences[:k]):
-        if c < threshold:
-            return j + 1
-    return k
-
-
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.9)])
 def test_confidence_stop_cuts_the_draft_after_its_first_unsure_token(
     params: SamplingParams,
 ) -> None:
     """With a threshold the draft is the unstopped draft cut after its first token whose top
-    probability is below it (that token kept), and only those forwards run."""
+    probability is below it (that token kept), and only those forwards run: the rule
+    ``confident_draft_length`` states and replays of recorded traces apply."""
     model = make_tiny_model("qwen2", seed=8)
     prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8], list(range(30, 50)), [9, 9, 9]]
     full = DraftModelProposer(model, 97)
@@ -182,7 +177,7 @@ def test_confidence_stop_cuts_the_draft_after_its_first_unsure_token(
     stopped = DraftModelProposer(model, 97, confidence_threshold=threshold)
     batch = [inp(f"r{i}", p, 6, params, seed=i) for i, p in enumerate(prompts)]
     got = stopped.propose(batch)
-    lengths = [_expected_stop(c, 6, threshold) for c in confs]
+    lengths = [confident_draft_length(c, 6, threshold) for c in confs]
     assert len(set(lengths)) > 1, "the threshold should stop some drafts and not others"
     for p, full_p, n in zip(got, unstopped, lengths, strict=True):
         assert p.draft_token_ids == full_p.draft_token_ids[:n]
