@@ -14,6 +14,7 @@ from specserve.commands.serve import (
     add_draft_confidence_arg,
     add_weight_format_args,
     default_weights,
+    implied_spec_method,
     parse_k,
 )
 from specserve.config import SPEC_METHODS, SpecConfig, resolve_dtype
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         spec = SpecConfig(
-            method=args.spec_method or ("draft" if args.draft_model else "none"),
+            method=implied_spec_method(args.spec_method, args.draft_model),
             draft_model=args.draft_model,
             num_speculative_tokens=args.num_speculative_tokens,
             k_max=max(args.k_max, args.num_speculative_tokens or 1),

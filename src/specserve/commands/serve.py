@@ -105,6 +105,11 @@ def add_draft_confidence_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def implied_spec_method(spec_method: SpecMethod | None, draft_model: str | None) -> SpecMethod:
+    """``--spec-method`` as given, else ``draft`` when ``--draft-model`` is, else ``none``."""
+    return spec_method or ("draft" if draft_model else "none")
+
+
 def default_weights(model: str, device: str, dtype: str | None) -> WeightFormat | None:
     """The target's format when ``--weights`` is not given (``gguf`` for a quantised GGUF
     file on CPU, see ``loading/gguf_stored.default_format``)."""
@@ -208,7 +213,7 @@ def spec_config_from_args(args: argparse.Namespace) -> SpecConfig:
     (ValueError if invalid, or if both are given)."""
     vllm_json = getattr(args, "speculative_config", None)
     if vllm_json is None:
-        method: SpecMethod = args.spec_method or ("draft" if args.draft_model else "none")
+        method = implied_spec_method(args.spec_method, args.draft_model)
         return SpecConfig(
             method=method,
             draft_model=args.draft_model,
