@@ -205,6 +205,22 @@ def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int) -> None:
 
 
 @native
+def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefetching the next tiles in one sweep (the default) or each tile's stream on its own
+    (SPECSERVE_SWEEP_PREFETCH=0) moves reads only: the 1- to 3-row kernels that use it, and
+    the last tile groups that cannot, give the same bits either way."""
+    gen = torch.Generator().manual_seed(5)
+    for n, k, gs in ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)):
+        packed = pack(_random_codes_weight(n, k, gs))
+        for m in (1, 2, 3, 5):
+            x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
+            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")
+            sweep = matmul(x, packed)
+            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "0")
+            assert torch.equal(sweep, matmul(x, packed)), (n, k, m)
+
+
+@native
 def test_thread_count_does_not_change_results() -> None:
     packed = pack(_random_codes_weight(16 * 37 + 3, 1536, 64))
     x = torch.randn(5, 1536).to(torch.bfloat16)

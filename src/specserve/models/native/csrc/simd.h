@@ -7,6 +7,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace specserve_native {
 
@@ -15,6 +17,16 @@ inline bool avx2_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
          __builtin_cpu_supports("f16c");
+}
+
+// Whether the matmul kernels that read several tiles at once prefetch the next tiles in one
+// sweep in address order (the default) or each tile's stream on its own
+// (SPECSERVE_SWEEP_PREFETCH=0). Read on every call (a getenv is nothing beside a matmul), so a
+// benchmark can alternate both in one process; only the order of reads differs, never the
+// outputs.
+inline bool sweep_prefetch() {
+  const char* v = std::getenv("SPECSERVE_SWEEP_PREFETCH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 // 8 bf16 values -> fp32 (exact: a bf16 is the top half of an fp32).
