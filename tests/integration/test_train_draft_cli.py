@@ -15,7 +15,9 @@ from specserve.cli import main
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--num-prompts", "0"], "must be >= 1"),
+        (["--num-prompts", "0"], "--num-prompts or --text-prompts must be >= 1"),
+        (["--text-prompts", "-1"], "must be >= 0"),
+        (["--replies", "given"], "give --data"),
         (["--ttt-steps", "9"], "--ttt-steps must be in [1, 8]"),
         (["--output", "x", "--name", "y"], "not both"),
     ],
@@ -51,11 +53,14 @@ def test_train_serve_and_resume_on_smollm2(smollm2, tmp_path: Path) -> None:  # 
     ]) + "\n")  # fmt: skip
     out = tmp_path / "head"
     argv = ["train-draft", "--model", "smollm2-135m-instruct", "--method", "medusa",
-            "--data", str(data), "--max-tokens", "24", "--epochs", "1", "--batch-tokens", "16",
+            "--data", str(data), "--text-prompts", "2",
+            "--max-tokens", "24", "--epochs", "1", "--batch-tokens", "16",
             "--checkpoint-every", "2", "--medusa-heads", "2", "--output", str(out)]  # fmt: skip
     assert main(argv) == 0
     training = json.loads((out / "training.json").read_text())
     assert training["method"] == "medusa" and training["sequences"]["held_out"] == 1
+    assert training["sequences"]["train"] == 7  # 6 generated replies, 2 given, 1 held out
+    assert "2 passages" in training["data"]
     assert set(training["timings_s"]) == {"load_s", "generate_and_record_s", "train_s"}
     assert training["curve"] and len(training["curve"][-1]["accuracy"]) == 2
     steps = training["train_state"]["steps"]

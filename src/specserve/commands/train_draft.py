@@ -1,11 +1,13 @@
 """``specserve train-draft``: train an EAGLE-3 head or Medusa heads for a target on CPU.
 
 The target writes its own replies to the training prompts at temperature 0 (self-
-distillation), the hidden states the head reads are recorded by the same forwards, and the
-head is trained with checkpoints and resume; the result is a head directory that ``serve
---spec-method eagle|medusa --draft-model DIR`` loads, and vLLM too (``speculators`` EAGLE-3
-format, vLLM's Medusa format). Without ``--output`` the head is kept by name under the cache
-(``specserve models list`` shows it; ``--draft-model NAME`` finds it).
+distillation), the hidden states the head reads are recorded by the same forwards (a given
+reply, ``--text-prompts`` or ``--replies given``, is read in one prefill instead and labelled
+with the target's own next tokens), and the head is trained with checkpoints and resume; the
+result is a head directory that ``serve --spec-method eagle|medusa --draft-model DIR`` loads,
+and vLLM too (``speculators`` EAGLE-3 format, vLLM's Medusa format). Without ``--output`` the
+head is kept by name under the cache (``specserve models list`` shows it; ``--draft-model
+NAME`` finds it).
 """
 
 from __future__ import annotations
@@ -35,7 +37,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="training JSONL: {prompt}, {messages} (OpenAI chat) or {conversations} (ShareGPT) "
         "per line; default: prompts built from the Python standard library's sources",
     )
-    p.add_argument("--num-prompts", type=int, default=64, help="built-in prompts to use")
+    p.add_argument(
+        "--replies",
+        choices=["generate", "given"],
+        default="generate",
+        help="--data's replies: the target generates them (self-distillation), or each "
+        "conversation's last assistant reply is read as given, in one prefill, labelled with "
+        "the target's own next tokens (ten or more times faster per token on a CPU)",
+    )
+    p.add_argument(
+        "--num-prompts", type=int, default=64, help="built-in prompts to use (the target replies)"
+    )
+    p.add_argument(
+        "--text-prompts",
+        type=int,
+        default=0,
+        help="built-in conversations with given replies (the standard library's documentation "
+        "topics and function sources), added to the data",
+    )
     p.add_argument("--max-tokens", type=int, default=160, help="longest generated reply")
     p.add_argument("--output", type=Path, help="head directory to write")
     p.add_argument(
@@ -83,8 +102,14 @@ def run(args: argparse.Namespace) -> int:
     from specserve.train.trainer import CheckpointError, TrainConfig
 
     try:
-        if args.num_prompts < 1 or args.max_tokens < 1 or args.max_num_seqs < 1:
-            raise ValueError("--num-prompts, --max-tokens and --max-num-seqs must be >= 1")
+        if args.max_tokens < 1 or args.max_num_seqs < 1:
+            raise ValueError("--max-tokens and --max-num-seqs must be >= 1")
+        if args.num_prompts < 0 or args.text_prompts < 0:
+            raise ValueError("--num-prompts and --text-prompts must be >= 0")
+        if args.data is None and args.num_prompts + args.text_prompts < 1:
+            raise ValueError("no training data: --num-prompts or --text-prompts must be >= 1")
+        if args.replies == "given" and args.data is None:
+            raise ValueError("--replies given reads --data's replies: give --data")
         if not 1 <= args.ttt_steps <= 8 or not 1 <= args.medusa_heads <= 32:
             raise ValueError("--ttt-steps must be in [1, 8] and --medusa-heads in [1, 32]")
         if args.output is not None and args.name is not None:
@@ -98,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             output=output,
             data=args.data,
             num_prompts=args.num_prompts,
+            replies=args.replies,
+            text_prompts=args.text_prompts,
             max_tokens=args.max_tokens,
             weights=args.weights,
             dtype=args.dtype,

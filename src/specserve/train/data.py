@@ -1,19 +1,29 @@
-"""What a draft head trains on: conversations whose last reply the target writes itself.
+"""What a draft head trains on: conversations and the replies the target gives to them.
 
-Self-distillation, as EAGLE-3 trains: the head learns to predict *the target's* tokens, so
-every training conversation ends with a user turn and the target generates the reply at
-temperature 0 (``generate.py``). Two sources:
+Self-distillation, as EAGLE-3 trains: the head learns to predict *the target's* tokens. By
+default every training conversation ends with a user turn and the target generates the reply
+at temperature 0 (``generate.py``). Generating is the slow stage on a CPU (a few tokens a
+second), so a conversation may instead come with its reply **given**: the whole conversation
+is then read in one teacher-forced prefill, ten or more times faster per token, and each
+position is labelled with the token the target itself would write next there (its argmax),
+not the text's own next token. Sources:
 
 - **A user's JSONL** (``--data``), one object per line: ``{"prompt": str}``, OpenAI chat
   ``{"messages": [{"role", "content"}, ...]}`` or ShareGPT ``{"conversations": [{"from",
   "value"}, ...]}`` (the formats ``speculators`` and SpecForge read). A conversation is cut
-  after its last user turn; any assistant reply after it is dropped and regenerated.
-- **The built-in set** (no ``--data``): prompts made from the Python standard library's own
-  sources, a corpus present wherever Python runs. Each picks a function, class or docstring
-  of a stdlib module and asks for one of the kinds of output the benchmark suites measure
-  (repeating and counting, JSON and tables, reports, code, explanation and prose), with its
-  own content. The benchmark suites' prompts themselves are never used: they are what the
-  trained head is measured on.
+  after its last user turn; any assistant reply after it is dropped and regenerated, or with
+  ``--replies given`` kept as the given reply (then every conversation needs one).
+- **The built-in set** (``--num-prompts``): prompts made from the Python standard library's
+  own sources, a corpus present wherever Python runs. Each picks a function, class or
+  docstring of a stdlib module and asks for one of the kinds of output the benchmark suites
+  measure (repeating and counting, JSON and tables, reports, code, explanation and prose),
+  with its own content. The target writes the replies.
+- **Built-in given replies** (``--text-prompts``): the standard library's documentation
+  topics (``pydoc_data``, the prose of the language reference) and its functions' sources,
+  each as the reply to a question asking for it.
+
+The benchmark suites' prompts themselves are never used: they are what the trained head is
+measured on.
 """
 
 from __future__ import annotations
@@ -39,13 +49,20 @@ class Conversation:
     Attributes:
         id: stable id (``<source>-<n>``), used to resume generation.
         messages: chat messages, the last one from the user.
+        reply: the given reply (read teacher-forced), or None: the target writes it.
     """
 
     id: str
     messages: tuple[tuple[str, str], ...]
+    reply: str | None = None
 
     def as_chat(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
+
+    def with_reply(self) -> list[dict[str, str]]:
+        """The messages and the given reply, as one chat."""
+        assert self.reply is not None
+        return [*self.as_chat(), {"role": "assistant", "content": self.reply}]
 
 
 _ROLES = {
@@ -54,11 +71,12 @@ _ROLES = {
 }  # fmt: skip
 
 
-def _messages(obj: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+def _messages(obj: dict[str, Any], where: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The turns up to the last user turn, and the first assistant reply after it (or None)."""
     if isinstance(obj.get("prompt"), str):
         if not obj["prompt"].strip():
             raise TrainingDataError(f"{where}: empty prompt")
-        return (("user", obj["prompt"]),)
+        return (("user", obj["prompt"]),), None
     turns = obj.get("messages", obj.get("conversations"))
     if not isinstance(turns, list) or not turns:
         raise TrainingDataError(
@@ -79,15 +97,18 @@ def _messages(obj: dict[str, Any], where: str) -> tuple[tuple[str, str], ...]:
     last_user = max((j for j, (role, _) in enumerate(out) if role == "user"), default=-1)
     if last_user < 0:
         raise TrainingDataError(f"{where}: no user turn to reply to")
-    return tuple(out[: last_user + 1])
+    reply = next((c for role, c in out[last_user + 1 :] if role == "assistant"), None)
+    return tuple(out[: last_user + 1]), reply
 
 
-def load_jsonl(path: Path) -> list[Conversation]:
-    """The conversations of a training JSONL file (format in the module docstring).
+def load_jsonl(path: Path, given_replies: bool = False) -> list[Conversation]:
+    """The conversations of a training JSONL file (format in the module docstring); with
+    ``given_replies``, each keeps the assistant reply after its last user turn.
 
     Raises:
         TrainingDataError: unreadable file, a line that is not a JSON object of a known
-            shape, or no conversation at all.
+            shape, no conversation at all, or (``given_replies``) a conversation without a
+            non-empty reply after its last user turn.
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -106,7 +127,13 @@ def load_jsonl(path: Path) -> list[Conversation]:
             raise TrainingDataError(f"{where}: not a JSON object")
         cid = obj.get("id")
         cid = str(cid) if cid is not None else f"line-{n}"
-        items.append(Conversation(cid, _messages(obj, where)))
+        messages, reply = _messages(obj, where)
+        if given_replies and not (reply or "").strip():
+            raise TrainingDataError(
+                f"{where}: no assistant reply after the last user turn (--replies given "
+                "reads each conversation's reply as given)"
+            )
+        items.append(Conversation(cid, messages, reply if given_replies else None))
     if not items:
         raise TrainingDataError(f"{path}: no training conversations (the file is empty)")
     ids = [c.id for c in items]
@@ -240,3 +267,60 @@ def corpus_text(max_chars: int = 2_000_000) -> str:
         if total >= max_chars:
             break
     return "\n".join(parts)[:max_chars]
+
+
+# --- built-in given replies ---------------------------------------------------------------------
+
+
+def _doc_topics(max_chars: int) -> Iterator[tuple[str, str]]:
+    """(title, passage) of the standard library's documentation topics (``pydoc_data``, the
+    language reference's prose), each topic cut at paragraph ends into passages of at most
+    ``max_chars`` characters, in a fixed order."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions leave the documentation data out
+        return
+    for name in sorted(topics):
+        text = topics[name].strip()
+        title = text.splitlines()[0].strip() if text else name
+        passage = ""
+        for para in text.split("\n\n"):
+            if passage and len(passage) + len(para) + 2 > max_chars:
+                yield title, passage
+                passage = ""
+            passage = f"{passage}\n\n{para}" if passage else para[:max_chars]
+        if passage.strip():
+            yield title, passage
+
+
+def builtin_text_conversations(n: int, seed: int = 0, max_chars: int = 1500) -> list[Conversation]:
+    """``n`` conversations with given replies (see the module docstring): documentation
+    passages and function sources in turn, deterministic for a given ``seed`` and Python
+    version.
+
+    Raises:
+        TrainingDataError: ``n`` < 1, or the standard library's texts are not found.
+    """
+    if n < 1:
+        raise TrainingDataError(f"need at least one given-reply conversation, got {n}")
+    passages = list(_doc_topics(max_chars))
+    snippets = list(_stdlib_snippets(max_lines=40))
+    if not passages and not snippets:
+        raise TrainingDataError("the Python standard library's texts were not found")
+    rng = random.Random(seed)
+    rng.shuffle(passages)
+    rng.shuffle(snippets)
+    sources = [s for s in (passages, snippets) if s]
+    out = []
+    for i in range(n):
+        kind = sources[i % len(sources)]
+        item = kind[(i // len(sources)) % len(kind)]
+        if isinstance(item, _Snippet):
+            what = item.doc or f"the {item.name} definition of Python's {item.module} module"
+            prompt = f"Write `{item.name}` of Python's `{item.module}` module: {what}"
+            reply = f"```python\n{item.source}\n```"
+        else:
+            title, reply = item
+            prompt = f"Explain this part of the Python language reference: {title}"
+        out.append(Conversation(f"text-{i}", (("user", prompt),), reply))
+    return out

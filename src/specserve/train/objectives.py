@@ -11,7 +11,8 @@ the head's own output of step s - 1 at position p - 1 in place of the target's h
 as the (s + 1)-th draft token is made at serving time, and its attention sees exactly what
 it would see then: the real context up to p - s and the head's own positions p - s + 1 .. p
 of steps 1 .. s (Li et al., 2025, "training-time test"). Step s's cross-entropy is weighted
-0.8^s. Only reply tokens are scored (prompt tokens are not the target's own).
+0.8^s. Only reply tokens are scored (prompt tokens are not the target's own); a given reply
+is scored on the target's own next tokens (``targets``), not the text's.
 
 **Medusa loss.** Head i (0-based) on the target's final hidden state of token p is scored on
 token p + 2 + i through the target's LM head restricted to the draft vocabulary (the full
@@ -126,6 +127,7 @@ def eagle3_loss(
     prompt_len: int,
     target_to_draft: torch.Tensor,
     ttt_steps: int,
+    targets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, StepScores]:
     """The training-time-test loss of one sequence (see the module docstring).
 
@@ -134,6 +136,8 @@ def eagle3_loss(
         tokens: ``# [T]`` prompt + reply.
         hidden: ``# [T - 1, n * target_hidden]`` the target's captured hidden states.
         target_to_draft: ``# [target_vocab]`` draft id of each target id, -100 outside.
+        targets: ``# [T]`` the target's own token at each position, scored in place of
+            ``tokens`` (a given reply's labels); None: the tokens are the target's.
     """
     cfg = head.cfg
     layer = head.layers[0]
@@ -147,7 +151,7 @@ def eagle3_loss(
     cos, sin = head.rotary(positions, dtype)
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
     e_norm = layer.input_layernorm(embeds)
-    labels = _labels(tokens, prompt_len, 2, n, target_to_draft)
+    labels = _labels(tokens if targets is None else targets, prompt_len, 2, n, target_to_draft)
     nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     hidden_in = head.combine(hidden)[None]
     keys: list[torch.Tensor] = []
@@ -195,12 +199,14 @@ def medusa_loss(
     hidden: torch.Tensor,
     prompt_len: int,
     target_to_draft: torch.Tensor,
+    targets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, StepScores]:
     """The Medusa loss of one sequence (see the module docstring).
 
     Args:
         lm_rows: ``# [draft_vocab, hidden]`` the target's LM-head rows of the draft vocabulary.
         hidden: ``# [T - 1, hidden]`` the target's final hidden states.
+        targets: as for :func:`eagle3_loss`.
     """
     n, k = hidden.shape[0], heads.cfg.num_heads
     out = heads(hidden.float())  # [n, K, H]
@@ -208,7 +214,7 @@ def medusa_loss(
     total = torch.zeros(())
     scores = StepScores.empty(k)
     for i in range(k):
-        lab = _labels(tokens, prompt_len, 2 + i, n, target_to_draft)
+        lab = _labels(tokens if targets is None else targets, prompt_len, 2 + i, n, target_to_draft)
         valid = lab != -100
         if valid.any():
             total = total + F.cross_entropy(logits[valid, i], lab[valid])

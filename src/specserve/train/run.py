@@ -38,6 +38,7 @@ from specserve.models.medusa import MedusaConfig, MedusaHeads
 from specserve.train.data import (
     TrainingDataError,
     builtin_conversations,
+    builtin_text_conversations,
     corpus_text,
     load_jsonl,
 )
@@ -63,6 +64,8 @@ class TrainDraftOptions:
     output: Path
     data: Path | None = None
     num_prompts: int = 64
+    replies: str = "generate"  # --data's replies: "generate" (the target writes) or "given"
+    text_prompts: int = 0  # built-in conversations with given replies
     max_tokens: int = 160
     weights: str | None = None
     dtype: str = "bfloat16"
@@ -89,6 +92,22 @@ class TrainDraftOptions:
         return self.output.parent / f".{model}.{data}.work"
 
 
+def _data_description(opts: TrainDraftOptions) -> str:
+    python = f"Python {sys.version.split()[0]}"
+    parts = []
+    if opts.data:
+        parts.append(f"{opts.data} (replies: {opts.replies})")
+    elif opts.num_prompts:
+        parts.append(f"built-in: {opts.num_prompts} prompts from the {python} standard "
+                     "library's sources, replies generated (specserve.train.data)")  # fmt: skip
+    if opts.text_prompts:
+        parts.append(
+            f"built-in given replies: {opts.text_prompts} passages of the {python} "
+            "documentation topics and function sources (specserve.train.data)"
+        )
+    return "; ".join(parts)
+
+
 def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
@@ -111,7 +130,7 @@ def recorded_layers(num_layers: int) -> tuple[int, ...]:
 
 def _vocab(opts: TrainDraftOptions, target: LoadedModel, seqs: list[Sequence_]) -> torch.Tensor:
     size = min(opts.draft_vocab_size, target.arch.vocab_size)
-    replies = [int(t) for s in seqs for t in s.tokens[s.prompt_len :]]
+    replies = [int(t) for s in seqs for t in s.labels[s.prompt_len :]]
     corpus = target.tokenizer.encode(corpus_text(), add_special_tokens=False)
     return draft_vocabulary(size, target.arch.vocab_size, replies, corpus)
 
@@ -127,10 +146,16 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     """
     if opts.method not in HEAD_METHODS:
         raise ValueError(f"unknown head method {opts.method!r}; known: {', '.join(HEAD_METHODS)}")
+    if opts.replies not in ("generate", "given"):
+        raise ValueError(f"replies must be 'generate' or 'given', not {opts.replies!r}")
     if opts.data is not None:  # bad data is an error before minutes of loading
-        conversations = load_jsonl(opts.data)
-    else:
+        conversations = load_jsonl(opts.data, given_replies=opts.replies == "given")
+    elif opts.num_prompts:
         conversations = builtin_conversations(opts.num_prompts, opts.train.seed)
+    else:
+        conversations = []
+    if opts.text_prompts:
+        conversations += builtin_text_conversations(opts.text_prompts, opts.train.seed)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     # The format `serve` would run the target in: a quantised GGUF's blocks as stored
@@ -143,9 +168,11 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     work = opts.work_dir
     if not opts.resume and (work / "generation.json").exists():
         progress(f"generate: reusing the {work} generations (delete it to start over)")
+    given = any(c.reply is not None for c in conversations)
     gen = generate_training_data(
         target, conversations, work, layers,
         max_tokens=opts.max_tokens, max_num_seqs=opts.max_num_seqs, progress=progress,
+        lm_head=target_lm_head(target.model) if given else None,
     )  # fmt: skip
     timings["generate_and_record_s"] = gen["seconds"]
     seqs = load_sequences(work)
@@ -179,7 +206,8 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         def loss_fn(i: int) -> Any:
             s = seqs[i]
             return eagle3_loss(head, embed, s.tokens, s.hidden[:, : 3 * h].float(),
-                               s.prompt_len, target_to_draft, opts.ttt_steps)  # fmt: skip
+                               s.prompt_len, target_to_draft, opts.ttt_steps,
+                               targets=s.targets)  # fmt: skip
 
         extra: dict[str, Any] = {"method": "eagle", "config": asdict(cfg), "vocab": vocab.tolist()}
     else:
@@ -192,7 +220,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         def loss_fn(i: int) -> Any:
             s = seqs[i]
             return medusa_loss(heads, lm_rows, s.tokens, s.hidden[:, 3 * h :],
-                               s.prompt_len, target_to_draft)  # fmt: skip
+                               s.prompt_len, target_to_draft, targets=s.targets)  # fmt: skip
 
         extra = {"method": "medusa", "config": asdict(mcfg), "vocab": vocab.tolist()}
     eval_idx = list(range(0, len(seqs), EVAL_EVERY))
@@ -212,10 +240,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         "target": opts.model,
         "target_weights": weights or opts.dtype,
         "command": opts.command or " ".join(sys.argv),
-        "data": str(opts.data)
-        if opts.data
-        else f"built-in: {opts.num_prompts} prompts from the Python {sys.version.split()[0]} "
-        "standard library's sources (specserve.train.data)",
+        "data": _data_description(opts),
         "sequences": {"train": len(train_idx), "held_out": len(eval_idx)},
         "reply_tokens": sum(tokens_of(i) for i in range(len(seqs))),
         "max_tokens": opts.max_tokens,

@@ -12,6 +12,7 @@ from specserve.train.data import (
     KINDS,
     TrainingDataError,
     builtin_conversations,
+    builtin_text_conversations,
     corpus_text,
     load_jsonl,
 )
@@ -84,6 +85,38 @@ def test_builtin_prompts_are_deterministic_and_cover_every_kind() -> None:
     with pytest.raises(TrainingDataError):
         builtin_conversations(0)
     assert "def " in corpus_text(20_000)
+
+
+def test_given_replies_keep_the_reply_after_the_last_user_turn(tmp_path: Path) -> None:
+    def turn(role: str, text: str) -> dict[str, str]:
+        return {"from": role, "value": text}
+
+    path = write(tmp_path, [
+        {"id": "a", "messages": [{"role": "user", "content": "Hi"},
+                                 {"role": "assistant", "content": "Hello!"}]},
+        {"id": "b", "conversations": [turn("human", "Q1"), turn("gpt", "A1"),
+                                      turn("human", "Q2"), turn("gpt", "A2")]},
+    ])  # fmt: skip
+    a, b = load_jsonl(path, given_replies=True)
+    assert a.messages == (("user", "Hi"),) and a.reply == "Hello!"
+    assert b.messages[-1] == ("user", "Q2") and b.reply == "A2"
+    assert b.with_reply()[-1] == {"role": "assistant", "content": "A2"}
+    assert all(c.reply is None for c in load_jsonl(path))  # generated: the replies are dropped
+    blank = {"conversations": [turn("human", "Q"), turn("gpt", " ")]}
+    for bad in ({"prompt": "no reply"}, blank):
+        with pytest.raises(TrainingDataError, match=r"data.jsonl:2: no assistant reply"):
+            load_jsonl(write(tmp_path, [path.read_text().splitlines()[0], bad]), True)
+
+
+def test_builtin_given_replies_alternate_documentation_and_code() -> None:
+    a = builtin_text_conversations(40, seed=1)
+    assert a == builtin_text_conversations(40, seed=1) and len({c.id for c in a}) == 40
+    assert builtin_text_conversations(40, seed=2) != a
+    assert all(c.reply and c.messages[-1][0] == "user" for c in a)
+    assert all(len(c.reply or "") <= 1500 for c in a[::2])  # passages of at most max_chars
+    assert all((c.reply or "").startswith("```python\n") for c in a[1::2])
+    with pytest.raises(TrainingDataError):
+        builtin_text_conversations(0)
 
 
 def test_draft_vocabulary_takes_the_most_frequent_tokens() -> None:

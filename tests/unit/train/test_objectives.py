@@ -62,6 +62,28 @@ def test_loss_scores_only_reply_tokens_in_the_draft_vocabulary() -> None:
     assert fewer.scored == [5]
 
 
+def test_given_targets_are_scored_in_place_of_the_tokens() -> None:
+    """A given reply is scored on the target's own tokens: the loss with ``targets`` equals
+    the loss of a sequence whose tokens are those targets where only the labels change."""
+    embed, head, tokens, hidden, t2d = _setup()
+    targets = tokens.clone()
+    targets[7:] = torch.tensor([1, 2, 3, 4, 5])
+    with_targets, scores = eagle3_loss(head, embed, tokens, hidden, 6, t2d, 2, targets=targets)
+    plain, _ = eagle3_loss(head, embed, tokens, hidden, 6, t2d, 2)
+    assert scores.scored == [6, 6] and not torch.allclose(with_targets, plain)
+    outside = t2d.clone()
+    outside[3] = -100  # targets[9]: a label now, tokens[9] is not
+    _, fewer = eagle3_loss(head, embed, tokens, hidden, 6, outside, 1, targets=targets)
+    assert fewer.scored == [5]
+    target = make_tiny_model("qwen2", seed=1)
+    heads = make_medusa_heads(target, seed=2, num_heads=2).float()
+    lm = target.lm_head.weight
+    same = medusa_loss(heads, lm, tokens, hidden[:, :64], 6, t2d, targets=tokens)[0]
+    assert torch.equal(same, medusa_loss(heads, lm, tokens, hidden[:, :64], 6, t2d)[0])
+    other = medusa_loss(heads, lm, tokens, hidden[:, :64], 6, t2d, targets=targets)[0]
+    assert not torch.equal(same, other)
+
+
 def test_medusa_head_i_is_scored_on_token_p_plus_2_plus_i() -> None:
     target = make_tiny_model("qwen2", seed=1)
     heads = make_medusa_heads(target, seed=2, num_heads=3).float().requires_grad_(True)
