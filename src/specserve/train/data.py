@@ -2,11 +2,10 @@
 
 Self-distillation, as EAGLE-3 trains: the head learns to predict *the target's* tokens. By
 default every training conversation ends with a user turn and the target generates the reply
-at temperature 0 (``generate.py``). Generating is the slow stage on a CPU (a few tokens a
-second), so a conversation may instead come with its reply **given**: the whole conversation
-is then read in one teacher-forced prefill, ten or more times faster per token, and each
-position is labelled with the token the target itself would write next there (its argmax),
-not the text's own next token. Sources:
+at temperature 0 (``generate.py``). A conversation may instead come with its reply **given**
+(a dataset's own replies, or text): the whole conversation is then read in one teacher-forced
+prefill, and each position is labelled with the token the target itself would write next
+there (its argmax), not the text's own next token. Sources:
 
 - **A user's JSONL** (``--data``), one object per line: ``{"prompt": str}``, OpenAI chat
   ``{"messages": [{"role", "content"}, ...]}`` or ShareGPT ``{"conversations": [{"from",

@@ -62,6 +62,18 @@ def test_shipped_heads_example_compares_every_mode_at_one_k_grid() -> None:
     assert max(cfg.k) <= 4  # the Medusa heads draft at most 4 tokens
 
 
+def test_given_replies_example_compares_two_heads_beside_the_draft_model() -> None:
+    from pathlib import Path
+
+    from specserve.tune.config import load_tune_config
+
+    path = Path(__file__).parents[3] / "examples" / "heads-given-replies-tune.yaml"
+    cfg = load_tune_config(path)
+    assert [p.method for p in cfg.proposers] == ["draft", "eagle", "eagle"]
+    assert [p.draft for p in cfg.proposers[1:]] == ["qwen-eagle-a", "qwen-eagle-b"]
+    assert "--text-prompts 120" in path.read_text()  # how the second head was trained
+
+
 def test_head_methods_need_a_head_and_take_no_draft_options() -> None:
     with pytest.raises(ValidationError, match="needs a trained head"):
         ProposerConfig(name="e", method="eagle")
