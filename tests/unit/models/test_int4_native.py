@@ -207,8 +207,8 @@ def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int) -> None:
 @native
 def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefetching the next tiles in one sweep (the default) or each tile's stream on its own
-    (SPECSERVE_SWEEP_PREFETCH=0) moves reads only: the 1- to 3-row kernels that use it, and
-    the last tile groups that cannot, give the same bits either way."""
+    (SPECSERVE_SWEEP_PREFETCH=0) moves reads only: the 2- and 3-row kernels that use it, the
+    last tiles that cannot and the other row counts give the same bits either way."""
     gen = torch.Generator().manual_seed(5)
     for n, k, gs in ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)):
         packed = pack(_random_codes_weight(n, k, gs))

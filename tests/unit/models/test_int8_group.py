@@ -280,8 +280,8 @@ def test_sixteen_and_eight_lane_kernels_agree_bit_for_bit(monkeypatch: pytest.Mo
 @native
 def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """SPECSERVE_SWEEP_PREFETCH moves reads only, in the 16- and the 8-lane kernels: the
-    multi-tile (1- and 2-row) paths, the one-tile ones and a ragged last tile give the same
-    bits with the sweep on and off."""
+    two-tile (2-row) path, the others and a ragged last tile give the same bits with the
+    sweep on and off."""
     gen = torch.Generator().manual_seed(6)
     packed = pack(_weight(16 * 21 + 5, 1536, 16))
     for lanes in ("1", "0"):

@@ -93,7 +93,7 @@ struct Problem {
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
-  bool sweep;              // AVX-512: prefetch the next tile group in one sweep (see run_block)
+  bool sweep;              // AVX-512: prefetch the next two tiles in one sweep (run_block)
   int64_t M, N, K, ngroups, blocks_per_group;
 };
 
@@ -147,11 +147,12 @@ inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
 // compute-bound enough that the hardware prefetcher falls behind, and on a Zen 5 host the
 // 1-row kernel gained from it too (decode steps with and without it alternating in one
 // process; on the Intel hosts measured before, it made no difference for 1 row).
-// Several tiles at once (NT > 1, the 1- to 3-row kernels) read NT streams a tile apart,
-// which memory serves more slowly than one stream (2 cores of a Zen 5 host: ~40 against
-// ~50 GB/s for 4 streams of 12 KiB). With p.sweep they instead prefetch the next NT tiles,
-// contiguous in memory, in address order, NT lines a block step, so that memory sees one
-// stream; the loads then hit the cache. Only reads move, never the arithmetic.
+// The 2- and 3-row kernels read two tiles at once: two streams a tile apart, which memory
+// serves more slowly than one (benchmarks/read_streams.c). With p.sweep they instead
+// prefetch the next two tiles, contiguous in memory, in address order, two lines a block
+// step, so that memory sees one stream; the loads then hit the cache. Only reads move, never
+// the arithmetic. The 1-row kernel's four tiles keep the per-tile prefetch: their decode
+// steps were 2 % slower with the sweep (docs/benchmarks.md).
 template <int NT, int MR>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
@@ -170,7 +171,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     sc[t] = p.scales + (tile0 + t) * tile_scales;
   }
   // The sweep's cursor: the next NT tiles, if they exist (else the per-tile prefetch).
-  const bool sweep = NT > 1 && p.sweep && tile0 + 2 * NT <= (p.N + kTile - 1) / kTile;
+  const bool sweep = NT == 2 && p.sweep && tile0 + 2 * NT <= (p.N + kTile - 1) / kTile;
   const char* ahead = reinterpret_cast<const char*>(p.qweight + (tile0 + NT) * tile_bytes);
   const float* xs[MR];
   for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;

@@ -147,14 +147,16 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
   }
 }
 
-// Where a run over the NT > 1 tiles from tile0 prefetches: the next NT tiles, contiguous in
-// memory, in address order, one line per tile and block step, so that memory sees one stream
-// where the loads read NT streams a tile apart (served more slowly: on 2 cores of a Zen 5
-// host ~40 against ~50 GB/s for 4 streams of 12 KiB); the loads then hit the cache. nullptr
-// (one tile, the last tiles, or p.sweep off): each tile's stream kPrefetch bytes ahead.
+// Where a run over the two tiles from tile0 (the 2- and 3-row kernels) prefetches: the next
+// two tiles, contiguous in memory, in address order, one line per tile and block step, so
+// that memory sees one stream where the loads read two streams a tile apart, which it serves
+// more slowly (benchmarks/read_streams.c); the loads then hit the cache. nullptr (other
+// tile counts, the last tiles, or p.sweep off): each tile's stream kPrefetch bytes ahead. The
+// 1-row kernel's four tiles keep that: their decode steps were 2 % slower with the sweep
+// (docs/benchmarks.md).
 template <int NT>
 inline const char* sweep_start(const Problem& p, int64_t tile0, int64_t tile_bytes) {
-  if (NT == 1 || !p.sweep || tile0 + 2 * NT > (p.N + kTile - 1) / kTile) return nullptr;
+  if (NT != 2 || !p.sweep || tile0 + 2 * NT > (p.N + kTile - 1) / kTile) return nullptr;
   return reinterpret_cast<const char*>(p.qweight + (tile0 + NT) * tile_bytes);
 }
 

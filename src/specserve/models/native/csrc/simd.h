@@ -19,8 +19,8 @@ inline bool avx2_supported() {
          __builtin_cpu_supports("f16c");
 }
 
-// Whether the matmul kernels that read several tiles at once prefetch the next tiles in one
-// sweep in address order (the default) or each tile's stream on its own
+// Whether the matmul kernels that read two tiles at once (2 and 3 rows) prefetch the next
+// tiles in one sweep in address order (the default) or each tile's stream on its own
 // (SPECSERVE_SWEEP_PREFETCH=0). Read on every call (a getenv is nothing beside a matmul), so a
 // benchmark can alternate both in one process; only the order of reads differs, never the
 // outputs.
