@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["generate", "given"],
         default="generate",
         help="--data's replies: the target generates them (self-distillation), or each "
-        "conversation's last assistant reply is read as given, in one prefill, labelled with "
-        "the target's own next tokens",
+        "conversation's assistant reply after its last user turn is read as given, in one "
+        "prefill, labelled with the target's own next tokens",
     )
     p.add_argument(
         "--num-prompts", type=int, default=64, help="built-in prompts to use (the target replies)"
