@@ -93,7 +93,7 @@ struct Problem {
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
-  bool sweep;              // AVX-512: prefetch the next two tiles in one sweep (run_block)
+  bool sweep;              // AVX-512: the sweep prefetch (sweep_start in simd.h)
   int64_t M, N, K, ngroups, blocks_per_group;
 };
 
@@ -147,12 +147,8 @@ inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
 // compute-bound enough that the hardware prefetcher falls behind, and on a Zen 5 host the
 // 1-row kernel gained from it too (decode steps with and without it alternating in one
 // process; on the Intel hosts measured before, it made no difference for 1 row).
-// The 2- and 3-row kernels read two tiles at once: two streams a tile apart, which memory
-// serves more slowly than one (benchmarks/read_streams.c). With p.sweep they instead
-// prefetch the next two tiles, contiguous in memory, in address order, two lines a block
-// step, so that memory sees one stream; the loads then hit the cache. Only reads move, never
-// the arithmetic. The 1-row kernel's four tiles keep the per-tile prefetch: their decode
-// steps were 2 % slower with the sweep (docs/benchmarks.md).
+// The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
+// simd.h).
 template <int NT, int MR>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
@@ -170,9 +166,8 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
     sc[t] = p.scales + (tile0 + t) * tile_scales;
   }
-  // The sweep's cursor: the next NT tiles, if they exist (else the per-tile prefetch).
-  const bool sweep = NT == 2 && p.sweep && tile0 + 2 * NT <= (p.N + kTile - 1) / kTile;
-  const char* ahead = reinterpret_cast<const char*>(p.qweight + (tile0 + NT) * tile_bytes);
+  const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
+                                                        (p.N + kTile - 1) / kTile, tile_bytes);
   const float* xs[MR];
   for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
   const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair c of row m at xk[c * MR + m]
@@ -191,12 +186,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
       for (int t = 0; t < NT; ++t) {
         const __m512i raw = _mm512_loadu_si512(w[t]);
-        if (sweep) {
-          _mm_prefetch(ahead, _MM_HINT_T0);
-          ahead += kBlockBytes;
-        } else {
-          _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
-        }
+        specserve_native::prefetch_line(ahead, w[t], kPrefetch);
         w[t] += kBlockBytes;
         const __m512i lo = _mm512_and_si512(raw, low_mask);
         const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, shr4, 0);

@@ -78,7 +78,7 @@ struct Problem {
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
-  bool sweep;              // prefetch the next tiles in one sweep (see sweep_start)
+  bool sweep;              // the sweep prefetch (sweep_start in simd.h)
   int64_t M, N, K, ngroups, blocks_per_group;
 };
 
@@ -147,32 +147,22 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
   }
 }
 
-// Where a run over the two tiles from tile0 (the 2- and 3-row kernels) prefetches: the next
-// two tiles, contiguous in memory, in address order, one line per tile and block step, so
-// that memory sees one stream where the loads read two streams a tile apart, which it serves
-// more slowly (benchmarks/read_streams.c); the loads then hit the cache. nullptr (other
-// tile counts, the last tiles, or p.sweep off): each tile's stream kPrefetch bytes ahead. The
-// 1-row kernel's four tiles keep that: their decode steps were 2 % slower with the sweep
-// (docs/benchmarks.md).
-template <int NT>
-inline const char* sweep_start(const Problem& p, int64_t tile0, int64_t tile_bytes) {
-  if (NT != 2 || !p.sweep || tile0 + 2 * NT > (p.N + kTile - 1) / kTile) return nullptr;
-  return reinterpret_cast<const char*>(p.qweight + (tile0 + NT) * tile_bytes);
-}
-
-// Step each tile's stream to its next 64-byte block, prefetching as sweep_start says.
+// Step each tile's stream to its next 64-byte block, prefetching the sweep's next lines or,
+// without one, kPrefetch bytes ahead in each stream (sweep_start in simd.h).
 template <int NT>
 inline void next_block(const int8_t* (&w)[NT], const char*& ahead) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
-    if (ahead != nullptr) {
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      ahead += kBlockBytes;
-    } else {
-      _mm_prefetch(reinterpret_cast<const char*>(w[t]) + kPrefetch, _MM_HINT_T0);
-    }
+    specserve_native::prefetch_line(ahead, w[t], kPrefetch);
     w[t] += kBlockBytes;
   }
+}
+
+// The sweep's cursor of a run over the NT tiles from tile0 (specserve_native::sweep_start).
+template <int NT>
+inline const char* sweep_start(const Problem& p, int64_t tile0, int64_t tile_bytes) {
+  return specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0, (p.N + kTile - 1) / kTile,
+                                           tile_bytes);
 }
 
 // Input c's codes of one half of a tile's block as fp32 (exact).

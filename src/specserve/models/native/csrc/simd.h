@@ -1,5 +1,6 @@
 // Eight-lane fp32 helpers (AVX2 + FMA + F16C) shared by the native ops: bf16 loads and
-// stores with the rounding torch uses, a fixed-order horizontal sum, and e^x. Every kernel of
+// stores with the rounding torch uses, a fixed-order horizontal sum, and e^x; and the sweep
+// prefetch of the int4 and int8 group matmuls. Every kernel of
 // the library needs at least these instructions (build.py checks the CPU flags before it
 // compiles), so the elementwise parts of a layer run the same code on AVX2 and AVX-512 CPUs.
 #pragma once
@@ -27,6 +28,33 @@ inline bool avx2_supported() {
 inline bool sweep_prefetch() {
   const char* v = std::getenv("SPECSERVE_SWEEP_PREFETCH");
   return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Where a kernel run over the NT tiles from tile0 of a packed weight (ntiles tiles of
+// tile_bytes each from qweight, contiguous) prefetches. The 2- and 3-row kernels read two tiles
+// at once: two streams a tile apart, which memory serves more slowly than one
+// (benchmarks/read_streams.c). With the sweep on they prefetch the next two tiles instead, in
+// address order, one line per tile and block step, so that memory sees one stream and the
+// loads hit the cache; only reads move, never the arithmetic. nullptr (other tile counts, the
+// last tiles, or the sweep off): each tile's own stream is prefetched. The 1-row kernels'
+// four tiles keep that: their decode steps were 2 % slower with the sweep
+// (docs/benchmarks.md).
+template <int NT>
+inline const char* sweep_start(bool on, const void* qweight, int64_t tile0, int64_t ntiles,
+                               int64_t tile_bytes) {
+  if (NT != 2 || !on || tile0 + 2 * NT > ntiles) return nullptr;
+  return static_cast<const char*>(qweight) + (tile0 + NT) * tile_bytes;
+}
+
+// One block step's prefetch for one tile: the sweep's next line (advancing it), or without a
+// sweep the line `distance` bytes ahead of the tile's own stream at `own`.
+inline void prefetch_line(const char*& sweep, const void* own, int64_t distance) {
+  if (sweep != nullptr) {
+    _mm_prefetch(sweep, _MM_HINT_T0);
+    sweep += 64;
+  } else {
+    _mm_prefetch(static_cast<const char*>(own) + distance, _MM_HINT_T0);
+  }
 }
 
 // 8 bf16 values -> fp32 (exact: a bf16 is the top half of an fp32).
