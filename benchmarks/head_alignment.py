@@ -39,21 +39,21 @@ def main() -> int:
     from specserve.loading.spec_heads import heads_dir, load_eagle3, read_head_info, resolve_head
     from specserve.sampling_params import SamplingParams
     from specserve.train.generate import load_sequences
-    from specserve.train.objectives import eagle3_loss
-    from specserve.train.run import EVAL_EVERY
+    from specserve.train.objectives import eagle3_loss, target_to_draft_map
+    from specserve.train.run import EVAL_EVERY, TrainDraftOptions
 
     target = load_in_format(args.model, "gguf", torch.bfloat16)
     arch = target.arch
     head = load_eagle3(read_head_info(resolve_head(args.head)), arch, torch.float32)
-    work = args.work or heads_dir() / f".{Path(args.model).name.removesuffix('.gguf')}.builtin.work"
+    # train-draft's default work folder for the built-in data, beside the heads
+    work = args.work or TrainDraftOptions(args.model, "eagle", heads_dir() / "head").work_dir
     seqs = load_sequences(work)
     picks = [s for i, s in enumerate(seqs) if i % EVAL_EVERY and s.targets is None]
     picks = picks[: args.sequences]
     if not picks:
         raise SystemExit(f"no generated training sequence in {work}")
     vocab = head.target_ids(torch.arange(head.cfg.draft_vocab_size))
-    t2d = torch.full((arch.vocab_size,), -100, dtype=torch.long)
-    t2d[vocab] = torch.arange(len(vocab))
+    t2d = target_to_draft_map(vocab, arch.vocab_size)
     h = arch.hidden_size
 
     engine = build_engine(

@@ -104,6 +104,14 @@ class StepScores:
         return total
 
 
+def target_to_draft_map(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``# [vocab_size]``: the draft id of each target id in the draft vocabulary ``vocab``
+    (sorted target ids), -100 (never scored) for the others."""
+    out = torch.full((vocab_size,), -100, dtype=torch.long)
+    out[vocab] = torch.arange(len(vocab))
+    return out
+
+
 def _labels(
     tokens: torch.Tensor, prompt_len: int, offset: int, n_rows: int, target_to_draft: torch.Tensor
 ) -> torch.Tensor:

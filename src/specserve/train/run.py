@@ -49,6 +49,7 @@ from specserve.train.objectives import (
     init_eagle3,
     init_medusa,
     medusa_loss,
+    target_to_draft_map,
 )
 from specserve.train.trainer import TrainConfig, train
 
@@ -183,8 +184,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
 
     t1 = time.perf_counter()
     vocab = _vocab(opts, target, seqs)
-    target_to_draft = torch.full((arch.vocab_size,), -100, dtype=torch.long)
-    target_to_draft[vocab] = torch.arange(len(vocab))
+    target_to_draft = target_to_draft_map(vocab, arch.vocab_size)
     h = arch.hidden_size
     torch.manual_seed(opts.train.seed)
     module: torch.nn.Module
