@@ -155,7 +155,7 @@ class KController:
         self._global_continuation = PrefixCounts()
         self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
-        self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft token
+        self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft forward
         self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
         self._cost_by_size: dict[int, float] | None = None  # batch size * tokens -> s
 
