@@ -103,15 +103,21 @@ def test_matches_float64_reference(int4_gemm: Gemm, n: int, k: int, gs: int) -> 
     assert float((y32.double() - ref).norm() / ref.norm()) < 1e-3
     # bf16 out: the fp32 result rounded to nearest even.
     assert torch.equal(y16, y32.to(torch.bfloat16))
+    # the constants apart (the earlier layout): the same arithmetic, the same bits
+    split = pack(weight, inline_constants=False)
+    assert torch.equal(_call(int4_gemm, x.float(), split), y32)
+    for m in (1, 2, 3):
+        assert torch.equal(_call(int4_gemm, x[:m], split), _call(int4_gemm, x[:m], packed))
 
 
 @pytest.mark.parametrize(("n", "gs"), [(37, 8), (37, 64), (1000, 32), (1000, 128)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inline", [True, False])
 def test_rows_are_bit_identical_whatever_the_batch(
-    int4_gemm: Gemm, n: int, gs: int, dtype: torch.dtype
+    int4_gemm: Gemm, n: int, gs: int, dtype: torch.dtype, inline: bool
 ) -> None:
     k = 256
-    packed = pack(_weight(n, k, gs, seed=n + gs))
+    packed = pack(_weight(n, k, gs, seed=n + gs), inline_constants=inline)
     x = torch.randn(20, k, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     x = x.to(dtype)
     threads = torch.get_num_threads()

@@ -47,25 +47,40 @@ def _check_close(y: torch.Tensor, ref: torch.Tensor) -> None:
 # ---------------------------------------------------------------- layout (no kernel) --------
 
 
-def test_pack_layout_and_padding() -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_pack_layout_and_padding(inline: bool) -> None:
     n, k, gs = 21, 64, 32
     weight = _weight(n, k, gs)
-    packed = pack(weight)
-    assert packed.qweight.shape == (2, k // 8, 64) and packed.qweight.dtype == torch.uint8
-    assert packed.scales.shape == (2, k // gs, 2, 16) and packed.scales.dtype == torch.float16
+    packed = pack(weight, inline_constants=inline)
+    assert packed.inline_constants is inline
+    if inline:  # per group: 4 code blocks, then the group's constants block
+        assert packed.qweight.shape == (2, k // 8 + k // gs, 64) and packed.scales.numel() == 0
+        grouped = packed.qweight.view(2, k // gs, gs // 8 + 1, 64)
+        assert torch.equal(grouped[:, :, : gs // 8].reshape(2, k // 8, 64), packed.code_blocks())
+        assert torch.equal(
+            grouped[:, :, gs // 8].view(torch.float16).view(2, k // gs, 2, 16),
+            packed.constants(),
+        )
+        split = pack(weight, inline_constants=False)
+        assert torch.equal(packed.code_blocks(), split.qweight)
+        assert torch.equal(packed.constants(), split.scales)
+    else:
+        assert packed.qweight.shape == (2, k // 8, 64)
+        assert packed.scales.shape == (2, k // gs, 2, 16)
+    assert packed.qweight.dtype == torch.uint8 and packed.scales.dtype == torch.float16
     assert packed.row_scale.shape == (32,) and packed.out_features == n
     assert packed.in_features == k
     codes = weight.codes()
     # Decode the documented byte order back into codes.
-    q = packed.qweight.view(2, k // 8, 4, 2, 4, 2)  # [T, B, L, h, t, e]
+    q = packed.code_blocks().view(2, k // 8, 4, 2, 4, 2)  # [T, B, L, h, t, e]
     for nib, shift in ((0, 0), (1, 4)):
         v = (q >> shift) & 0xF
         v = v.permute(0, 2, 4, 1, 3, 5).reshape(32, k // 8, 2, 2)  # [row, B, h, e]
         ks = torch.arange(k // 8)[:, None, None] * 8 + nib * 4 + torch.arange(4).view(1, 2, 2)
         assert torch.equal(v[:n], codes[:, ks])
         assert not v[n:].any()  # padding rows are zero
-    scale = packed.scales[:, :, 0].permute(0, 2, 1).reshape(32, -1).float()
-    mid = packed.scales[:, :, 1].permute(0, 2, 1).reshape(32, -1).float()
+    scale = packed.constants()[:, :, 0].permute(0, 2, 1).reshape(32, -1).float()
+    mid = packed.constants()[:, :, 1].permute(0, 2, 1).reshape(32, -1).float()
     rs = packed.row_scale[:, None]
     torch.testing.assert_close(scale[:n] * rs[:n], weight.scale, rtol=1e-3, atol=0)
     expected_mid = weight.minimum + 7.5 * weight.scale
@@ -81,14 +96,20 @@ def test_pack_rejects_unsupported_group_size() -> None:
         pack(_weight(16, 60, group_size=6))
 
 
-def test_packed_validates_its_tensors() -> None:
-    packed = pack(_weight(20, 64))
+@pytest.mark.parametrize("inline", [True, False])
+def test_packed_validates_its_tensors(inline: bool) -> None:
+    packed = pack(_weight(20, 64), inline_constants=inline)
     with pytest.raises(ValueError, match="out_features"):
         Int4Packed(packed.qweight, packed.scales, packed.row_scale, 40, 64)
     with pytest.raises(ValueError, match="scales"):
         Int4Packed(packed.qweight, packed.scales.float(), packed.row_scale, 20, 64)
     with pytest.raises(ValueError, match="qweight"):
         Int4Packed(packed.qweight.view(-1), packed.scales, packed.row_scale, 20, 64)
+    with pytest.raises(ValueError, match="blocks per tile" if inline else "dividing 64"):
+        Int4Packed(packed.qweight, packed.scales, packed.row_scale, 20, 24)
+    if inline:  # 9 blocks are not whole groups of 4 code blocks and their constants
+        with pytest.raises(ValueError, match="multiple of 5 blocks"):
+            Int4Packed(packed.qweight[:, :9].contiguous(), packed.scales, packed.row_scale, 20, 32)
 
 
 def test_available_is_true_or_logs_a_reason(
@@ -147,12 +168,14 @@ def test_failed_build_reports_reason(
 def test_matches_float64_reference(n: int, k: int, gs: int) -> None:
     weight = _weight(n, k, gs)
     packed = pack(weight)
+    split = pack(weight, inline_constants=False)
     gen = torch.Generator().manual_seed(1)
-    for m in (1, 2, 5, 11):
+    for m in (1, 2, 3, 5, 11):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         y = matmul(x, packed)
         assert y.shape == (m, n) and y.dtype == torch.bfloat16
         _check_close(y, _reference(x, weight))
+        assert torch.equal(y, matmul(x, split)), m  # the two layouts: the same arithmetic
 
 
 @native
@@ -190,9 +213,10 @@ def test_large_magnitude_weights_keep_their_precision() -> None:
 
 @native
 @pytest.mark.parametrize(("n", "k", "gs"), [(1000 + 7, 1536, 64), (53, 896, 32), (40, 512, 128)])
-def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int) -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int, inline: bool) -> None:
     """Row m of an M-row call equals the 1-row call, whatever M and the other rows are."""
-    packed = pack(_random_codes_weight(n, k, gs))
+    packed = pack(_random_codes_weight(n, k, gs), inline_constants=inline)
     gen = torch.Generator().manual_seed(2)
     probe = torch.randn(1, k, generator=gen).to(torch.bfloat16)
     single = matmul(probe, packed)

@@ -71,24 +71,31 @@ class Int4Packed:
     out), ``K`` the input features and ``G`` the group size:
 
     Attributes:
-        qweight: ``# [Np / 16, K / 8, 64] uint8``. One 64-byte block per tile of 16 output
-            rows and 8 input channels ``k0 .. k0 + 7``; a tile's blocks follow each other along
-            K, so a tile is one contiguous stream. Byte ``L*16 + h*8 + 2t + e`` (``L, t`` in
-            0..3, ``h, e`` in 0..1) belongs to row ``4L + t`` of the tile: its low nibble is
-            ``q[row, k0 + 2h + e]``, its high nibble ``q[row, k0 + 4 + 2h + e]``. Split into
-            low / high nibbles and interleaved bytewise with ``0x43``, the block becomes four
-            vectors of bf16 pairs ``(128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1])``, 32-bit
-            lane ``i`` = row ``i``: the operands of ``vdpbf16ps``.
-        scales: ``# [Np / 16, K / G, 2, 16] fp16``: per tile and group the 16 rows' scales
-            ``s``, then their midpoints ``c = minimum + 7.5·s`` (so ``w = (q − 7.5)·s + c``;
-            ``c`` is small for centred groups and its fp16 rounding cheap), each divided by
-            the row's ``row_scale``.
+        qweight: ``# [Np / 16, K / 8 + K / G, 64] uint8`` (constants inline, what
+            :func:`pack` writes) or ``# [Np / 16, K / 8, 64]`` (constants apart). One 64-byte
+            block per tile of 16 output rows and 8 input channels ``k0 .. k0 + 7``; a tile's
+            blocks follow each other along K, so a tile is one contiguous stream. Byte
+            ``L*16 + h*8 + 2t + e`` (``L, t`` in 0..3, ``h, e`` in 0..1) belongs to row
+            ``4L + t`` of the tile: its low nibble is ``q[row, k0 + 2h + e]``, its high nibble
+            ``q[row, k0 + 4 + 2h + e]``. Split into low / high nibbles and interleaved
+            bytewise with ``0x43``, the block becomes four vectors of bf16 pairs
+            ``(128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1])``, 32-bit lane ``i`` = row ``i``:
+            the operands of ``vdpbf16ps``. With the constants inline, each group's ``G / 8``
+            code blocks are followed by one more block holding the group's constants (the
+            ``[2, 16]`` fp16 of ``scales`` below), so a 1-row matmul reads one stream per tile
+            instead of two: decode steps of the gguf 1.5B were faster that way
+            (docs/benchmarks.md).
+        scales: ``# [Np / 16, K / G, 2, 16] fp16`` (constants apart; empty when inline): per
+            tile and group the 16 rows' scales ``s``, then their midpoints
+            ``c = minimum + 7.5·s`` (so ``w = (q − 7.5)·s + c``; ``c`` is small for centred
+            groups and its fp16 rounding cheap), each divided by the row's ``row_scale``.
         row_scale: ``# [Np] fp32``: a power of two per row, at least the row's largest
             ``|s|`` / ``|c|`` (1 for all-zero and padding rows), so the fp16 values lie in
             [-1, 1] whatever the weights' magnitude; the kernel multiplies it back.
         out_features: ``N`` (the kernel writes exactly ``N`` columns).
         group_size: ``G`` (a multiple of 8 dividing ``K``).
         in_features: ``K`` (derived from ``qweight``).
+        inline_constants: whether the constants are inline (``scales`` is empty).
     """
 
     qweight: torch.Tensor
@@ -97,21 +104,61 @@ class Int4Packed:
     out_features: int
     group_size: int
     in_features: int = field(init=False)
+    inline_constants: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        q, s, r = self.qweight, self.scales, self.row_scale
+        q, s, r, gs = self.qweight, self.scales, self.row_scale, self.group_size
         if q.dtype != torch.uint8 or q.dim() != 3 or q.shape[2] != 64:
-            raise ValueError(f"qweight must be uint8 [Np/16, K/8, 64], got {q.dtype} {q.shape}")
-        tiles, k = q.shape[0], q.shape[1] * BLOCK_K
-        if self.group_size <= 0 or self.group_size % BLOCK_K or k % self.group_size:
-            raise ValueError(f"group_size {self.group_size} must be a multiple of 8 dividing {k}")
+            raise ValueError(
+                f"qweight must be uint8 [Np/16, K/8 (+ K/G), 64], got {q.dtype} {q.shape}"
+            )
+        if gs <= 0 or gs % BLOCK_K:
+            raise ValueError(f"group_size {gs} must be a positive multiple of 8")
+        self.inline_constants = s.numel() == 0
+        tiles, blocks = q.shape[0], q.shape[1]
+        if self.inline_constants:
+            # a group is G/8 code blocks and one block of constants
+            per_group = gs // BLOCK_K + 1
+            if blocks % per_group:
+                raise ValueError(
+                    f"qweight with inline constants must have a multiple of {per_group} "
+                    f"blocks per tile for group_size {gs}, got {blocks}"
+                )
+            k = blocks // per_group * gs
+        else:
+            k = blocks * BLOCK_K
+            if k % gs:
+                raise ValueError(f"group_size {gs} must be a multiple of 8 dividing {k}")
         if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
             raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if s.dtype != torch.float16 or s.shape != (tiles, k // self.group_size, 2, TILE_ROWS):
-            raise ValueError(f"scales must be fp16 [{tiles}, {k // self.group_size}, 2, 16]")
+        if s.dtype != torch.float16 or (
+            not self.inline_constants and s.shape != (tiles, k // gs, 2, TILE_ROWS)
+        ):
+            raise ValueError(
+                f"scales must be fp16 [{tiles}, {k // gs}, 2, 16], or empty fp16 with the "
+                f"constants inline, got {s.dtype} {tuple(s.shape)}"
+            )
         if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
             raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
         self.in_features = k
+
+    def code_blocks(self) -> torch.Tensor:
+        """The code blocks alone, ``# [Np / 16, K / 8, 64] uint8`` (a copy when the
+        constants are inline)."""
+        if not self.inline_constants:
+            return self.qweight
+        tiles, bpg = self.qweight.shape[0], self.group_size // BLOCK_K
+        grouped = self.qweight.view(tiles, -1, bpg + 1, 64)
+        return grouped[:, :, :bpg].reshape(tiles, -1, 64)
+
+    def constants(self) -> torch.Tensor:
+        """Per tile and group the 16 scales, then the 16 midpoints,
+        ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
+        if not self.inline_constants:
+            return self.scales
+        tiles, bpg = self.qweight.shape[0], self.group_size // BLOCK_K
+        block = self.qweight.view(tiles, -1, bpg + 1, 64)[:, :, bpg]
+        return block.view(torch.float16).view(tiles, -1, 2, TILE_ROWS)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, scales, row scales)."""
@@ -129,8 +176,11 @@ def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return (v[..., 0] | (v[..., 1] << 4)).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
 
 
-def pack(weight: Int4Weight) -> Int4Packed:
-    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries).
+def pack(weight: Int4Weight, *, inline_constants: bool = True) -> Int4Packed:
+    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries),
+    with each group's constants inline in its tile's stream (the default) or apart in
+    ``scales`` (``inline_constants=False``: the earlier layout, kept for A/B benchmarks;
+    both give bit-identical matmuls).
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 8, or the scales are not finite.
@@ -147,8 +197,19 @@ def pack(weight: Int4Weight) -> Int4Packed:
         raise ValueError("int4 minimum and scale shapes differ")
     tiles = -(-n // TILE_ROWS)
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
-    qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.uint8)
-    scales = huge_pages.empty((tiles, k // gs, 2, TILE_ROWS), torch.float16)
+    ngroups, bpg = k // gs, gs // BLOCK_K
+    if inline_constants:
+        qweight = huge_pages.empty((tiles, ngroups * (bpg + 1), 64), torch.uint8)
+        # per tile and group: bpg code blocks, then the [2, 16] fp16 constants (64 bytes)
+        grouped = qweight.view(tiles, ngroups, bpg + 1, 64)
+        code_view = grouped[:, :, :bpg]
+        const_view = grouped[:, :, bpg].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+        scales = torch.empty(0, dtype=torch.float16)
+    else:
+        qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.uint8)
+        scales = huge_pages.empty((tiles, ngroups, 2, TILE_ROWS), torch.float16)
+        code_view = qweight.view(tiles, ngroups, bpg, 64)
+        const_view = scales
     row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
     for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _PACK_ROW_CHUNK)
@@ -165,9 +226,9 @@ def pack(weight: Int4Weight) -> Int4Packed:
         if not (torch.isfinite(s).all() and torch.isfinite(mn).all()):
             raise ValueError("int4 scales / minimums must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
-        qweight[t0:t1] = _pack_codes(codes)
+        code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
         mid = mn + 7.5 * s  # the group's midpoint
-        scales[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, mid)
+        const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, mid)
     return Int4Packed(qweight, scales, row_scale, n, gs)
 
 

@@ -10,14 +10,19 @@
 // <ATen/...> take 6-10 s, and no OpenMP flags are needed here.
 //
 // Packed layout (see int4_native.py for the Python side):
-//   qweight   uint8   [Np / 16, K / 8, 64]  one 64-byte block per (tile of 16 rows, 8 inputs).
+//   qweight   uint8   [Np / 16, K / 8 + K / G, 64]  one 64-byte block per (tile of 16 rows,
+//             8 inputs), a tile's blocks along K; after each group's G / 8 code blocks one
+//             more block holds the group's constants (laid out as in `scales` below), so a
+//             tile is one stream of codes and constants. (Without the constants inline:
+//             [Np / 16, K / 8, 64] and the constants in `scales`, the earlier layout, kept
+//             for A/B benchmarks; the same arithmetic.) In a code block:
 //             Byte  L*16 + h*8 + 2t + e  (L, t in 0..3, h, e in 0..1) belongs to row 4L + t:
 //             its low nibble is q[row, k0 + 2h + e], its high nibble q[row, k0 + 4 + 2h + e].
 //             With lo = byte & 15 and hi = byte >> 4, the four vpunpck{l,h}bw(lo|hi, 0x43)
 //             give words 0x4300 | q = bf16(128 + q), laid out so that 32-bit lane i of the
 //             c-th vector holds the pair (128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1]):
 //             exactly the operand vdpbf16ps wants, one output row per fp32 lane.
-//   scales    fp16    [Np / 16, K / G, 2, 16]  per tile and group: 16 scales s, then 16
+//   scales    fp16    [Np / 16, K / G, 2, 16] or empty (inline)  per tile and group: 16 scales s, then 16
 //             midpoints c = minimum + 7.5 s (w = (q - 7.5) s + c: the midpoint is small for
 //             centred groups, so its fp16 rounding costs less than the minimum's would), both
 //             divided by the row's power-of-two row_scale (fp16 range whatever the weights).
@@ -85,8 +90,8 @@ constexpr const char* kVariant = "AVX2 / FMA / F16C";
 #endif
 
 struct Problem {
-  const uint8_t* qweight;  // [ntiles, K / 8, 64]
-  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]
+  const uint8_t* qweight;  // [ntiles, K / 8 (+ ngroups), 64]
+  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]; nullptr when inline
   const float* row_scale;  // [ntiles * 16]
   const uint32_t* xi;      // AVX-512: bf16 pairs of x, row-block interleaved (interleave_rows)
   const float* xf;         // AVX2: x in fp32, row-block interleaved (interleave_rows_f32)
@@ -94,7 +99,9 @@ struct Problem {
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // AVX-512: the sweep prefetch (sweep_start in simd.h)
+  bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
+  int64_t tile_bytes;      // bytes of one tile in qweight
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -157,14 +164,14 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   // GF(2) affine matrix for a per-byte logical right shift by 4.
   const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL);
   const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
-  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
 
   const uint8_t* w[NT];
   const uint16_t* sc[NT];
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = p.scales + (tile0 + t) * tile_scales;
+    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales;
   }
   const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
                                                         (p.N + kTile - 1) / kTile, tile_bytes);
@@ -204,10 +211,17 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
       xk += 4 * MR;
     }
     for (int t = 0; t < NT; ++t) {
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t])));
+      const uint16_t* c = sc[t];
+      if (p.inline_constants) {  // the group's block of constants, next in the tile's stream
+        c = reinterpret_cast<const uint16_t*>(w[t]);
+        specserve_native::prefetch_line(ahead, w[t], kPrefetch);
+        w[t] += kBlockBytes;
+      } else {
+        sc[t] += 2 * kTile;
+      }
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
       const __m512 mid =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t] + kTile)));
-      sc[t] += 2 * kTile;
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
       const __m512 bias = _mm512_fmadd_ps(s, offset, mid);
       for (int m = 0; m < MR; ++m) {
         const __m512 d = _mm512_add_ps(a0[t][m], a1[t][m]);
@@ -360,7 +374,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const __m256i exp_byte = _mm256_set1_epi8(0x43);
   const __m256i high_words = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const __m256 offset = _mm256_set1_ps(-135.5f);  // -(128 + 7.5)
-  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
 
   const uint8_t* w[NT];
@@ -368,7 +382,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
-    sc[t] = p.scales + (tile0 + t) * tile_scales + 8 * h0;
+    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const float* xs[MR];
 #pragma GCC unroll 16
@@ -434,12 +448,15 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
+      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
+      const uint16_t* c =
+          p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
         const __m256 s =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + 8 * h)));
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
         const __m256 mid = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + kTile + 8 * h)));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
         const __m256 bias = _mm256_fmadd_ps(s, offset, mid);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
@@ -448,7 +465,11 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      sc[t] += 2 * kTile;
+      if (p.inline_constants) {
+        w[t] += kBlockBytes;
+      } else {
+        sc[t] += 2 * kTile;
+      }
     }
   }
 
@@ -565,24 +586,33 @@ PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Te
                   ": CPU tensors only");
   STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.dim() == 3 &&
                       qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
-                  what, ": qweight must be contiguous uint8 [Np/16, K/8, 64]");
+                  what, ": qweight must be contiguous uint8 [Np/16, K/8 (+ K/G), 64]");
+  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0, what,
+                  ": group_size must be a positive multiple of 8");
   const int64_t ntiles = qweight.size(0);
-  const int64_t K = qweight.size(1) * kBlockK;
-  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0, what,
-                  ": group_size must be a multiple of 8 dividing K");
-  const int64_t ngroups = K / group_size;
+  // Empty scales: the constants are inline, one block after each group's G / 8 code blocks.
+  const bool inline_constants = scales.numel() == 0;
+  const int64_t per_group = group_size / kBlockK + (inline_constants ? 1 : 0);
+  STD_TORCH_CHECK(qweight.size(1) % per_group == 0, what, ": qweight has ", qweight.size(1),
+                  " blocks per tile, not a multiple of the ", per_group, " of a group of ",
+                  group_size, inline_constants ? " with its constants" : "");
+  const int64_t ngroups = qweight.size(1) / per_group;
+  const int64_t K = ngroups * group_size;
   STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
                   ": out_features does not match the packed rows");
-  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
-                      scales.numel() == ntiles * ngroups * 2 * kTile,
-                  what, ": scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
+  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half &&
+                      (inline_constants ||
+                       (scales.is_contiguous() && scales.numel() == ntiles * ngroups * 2 * kTile)),
+                  what, ": scales must be contiguous fp16 [Np/16, K/G, 2, 16] (or empty: inline)");
   STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
                       row_scale.numel() == ntiles * kTile,
                   what, ": row_scale must be contiguous fp32 [Np]");
-  return PackedWeight{static_cast<const uint8_t*>(qweight.const_data_ptr()),
-                      static_cast<const uint16_t*>(scales.const_data_ptr()),
-                      static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
-                      group_size, 4};
+  PackedWeight w{static_cast<const uint8_t*>(qweight.const_data_ptr()),
+                 inline_constants ? nullptr : static_cast<const uint16_t*>(scales.const_data_ptr()),
+                 static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
+                 group_size, 4};
+  w.inline_constants = inline_constants;
+  return w;
 }
 
 #ifdef SPECSERVE_INT4_NO_ISA
@@ -632,6 +662,8 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.K = K;
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;
+  p.inline_constants = w.inline_constants;
+  p.tile_bytes = (K / kBlockK + (w.inline_constants ? ngroups : 0)) * kBlockBytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
