@@ -3,6 +3,7 @@ invariance, padding of N, argument errors and the ``SPECSERVE_INT4_NATIVE=0`` sw
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -234,8 +235,10 @@ def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     (SPECSERVE_SWEEP_PREFETCH=0) moves reads only: the 2- and 3-row kernels that use it, the
     last tiles that cannot and the other row counts give the same bits either way."""
     gen = torch.Generator().manual_seed(5)
-    for n, k, gs in ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)):
-        packed = pack(_random_codes_weight(n, k, gs))
+    for (n, k, gs), inline in itertools.product(
+        ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)), (True, False)
+    ):
+        packed = pack(_random_codes_weight(n, k, gs), inline_constants=inline)
         for m in (1, 2, 3, 5):
             x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
             monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")

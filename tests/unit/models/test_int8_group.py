@@ -4,6 +4,7 @@ accuracy against a float64 reference, bit-exact batch invariance, and ``Int8Grou
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -92,21 +93,34 @@ def test_weight_checks_shapes_and_dtypes(
 # ---------------------------------------------------------------- layout (no kernel) --------
 
 
-def test_pack_layout_and_padding() -> None:
+@pytest.mark.parametrize("inline", [True, False])
+def test_pack_layout_and_padding(inline: bool) -> None:
     n, k, gs = 21, 32, 16
     weight = _weight(n, k, gs, kind="shifted")
-    packed = pack(weight)
-    assert packed.qweight.shape == (2, k // 4, 64) and packed.qweight.dtype == torch.int8
-    assert packed.scales.shape == (2, k // gs, 2, 16) and packed.scales.dtype == torch.float16
+    packed = pack(weight, inline_constants=inline)
+    assert packed.inline_constants is inline
+    if inline:  # per group: 4 code blocks, then the group's constants block
+        assert packed.qweight.shape == (2, k // 4 + k // gs, 64) and packed.scales.numel() == 0
+        grouped = packed.qweight.view(2, k // gs, gs // 4 + 1, 64)
+        assert torch.equal(grouped[:, :, : gs // 4].reshape(2, k // 4, 64), packed.code_blocks())
+        constants = grouped[:, :, gs // 4].view(torch.float16).view(2, k // gs, 2, 16)
+        assert torch.equal(constants, packed.constants())
+        split = pack(weight, inline_constants=False)
+        assert torch.equal(packed.code_blocks(), split.qweight)
+        assert torch.equal(packed.constants(), split.scales)
+    else:
+        assert packed.qweight.shape == (2, k // 4, 64)
+        assert packed.scales.shape == (2, k // gs, 2, 16)
+    assert packed.qweight.dtype == torch.int8 and packed.scales.dtype == torch.float16
     assert packed.row_scale.shape == (32,) and packed.out_features == n
     assert packed.in_features == k and packed.group_size == gs
     # Byte h*32 + c*8 + r of block B of tile T is code[16T + 8h + r, 4B + c].
-    q = packed.qweight.view(2, k // 4, 2, 4, 8)  # [T, B, h, c, r]
+    q = packed.code_blocks().view(2, k // 4, 2, 4, 8)  # [T, B, h, c, r]
     codes = q.permute(0, 2, 4, 1, 3).reshape(32, k)
     assert torch.equal(codes[:n], weight.codes)
     assert not codes[n:].any()  # padding rows are zero
-    scale = packed.scales[:, :, 0].permute(0, 2, 1).reshape(32, -1).float()
-    offset = packed.scales[:, :, 1].permute(0, 2, 1).reshape(32, -1).float()
+    scale = packed.constants()[:, :, 0].permute(0, 2, 1).reshape(32, -1).float()
+    offset = packed.constants()[:, :, 1].permute(0, 2, 1).reshape(32, -1).float()
     rs = packed.row_scale[:, None]
     torch.testing.assert_close(scale[:n] * rs[:n], weight.scale, rtol=1e-3, atol=0)
     assert ((offset[:n] * rs[:n] - weight.offset).abs() <= 1e-3 * rs[:n]).all()
@@ -123,8 +137,9 @@ def test_pack_rejects_unsupported_group_size() -> None:
         pack(_weight(16, 60, gs=6))
 
 
-def test_packed_validates_its_tensors() -> None:
-    packed = pack(_weight(20, 64, 16))
+@pytest.mark.parametrize("inline", [True, False])
+def test_packed_validates_its_tensors(inline: bool) -> None:
+    packed = pack(_weight(20, 64, 16), inline_constants=inline)
     with pytest.raises(ValueError, match="out_features"):
         Int8Packed(packed.qweight, packed.scales, packed.row_scale, 40, 16)
     with pytest.raises(ValueError, match="scales"):
@@ -188,10 +203,12 @@ def test_failed_build_reports_reason(
 def test_matches_float64_reference(n: int, k: int, gs: int, kind: str) -> None:
     weight = _weight(n, k, gs, kind=kind)
     packed = pack(weight)
+    split = pack(weight, inline_constants=False)
     gen = torch.Generator().manual_seed(1)
     for m in (*range(1, 18), 40):
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         y = matmul(x, packed)
+        assert torch.equal(y, matmul(x, split)), m  # the two layouts: the same arithmetic
         assert y.shape == (m, n) and y.dtype == torch.bfloat16
         ref = _reference(x, weight)
         _check_close(y, ref)
@@ -266,8 +283,10 @@ def test_sixteen_and_eight_lane_kernels_agree_bit_for_bit(monkeypatch: pytest.Mo
     for every M (1- and 2-row paths, register blocks of 3 - 8 rows, several blocks) and a
     ragged last tile."""
     gen = torch.Generator().manual_seed(4)
-    for n, k, gs in ((16 * 21 + 5, 1536, 16), (37, 896, 32), (19, 64, 4)):
-        packed = pack(_weight(n, k, gs))
+    for (n, k, gs), inline in itertools.product(
+        ((16 * 21 + 5, 1536, 16), (37, 896, 32), (19, 64, 4)), (True, False)
+    ):
+        packed = pack(_weight(n, k, gs), inline_constants=inline)
         for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 40):
             x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
             monkeypatch.setenv("SPECSERVE_INT8_AVX512", "1")
@@ -283,8 +302,8 @@ def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     two-tile (2-row) path, the others and a ragged last tile give the same bits with the
     sweep on and off."""
     gen = torch.Generator().manual_seed(6)
-    packed = pack(_weight(16 * 21 + 5, 1536, 16))
-    for lanes in ("1", "0"):
+    for lanes, inline in itertools.product(("1", "0"), (True, False)):
+        packed = pack(_weight(16 * 21 + 5, 1536, 16, seed=7), inline_constants=inline)
         monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
         for m in (1, 2, 3, 9):
             x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)

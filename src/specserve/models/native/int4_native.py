@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specserve.models.native import build, huge_pages
+from specserve.models.native import build, tile_stream
 from specserve.models.native.availability import Availability
 from specserve.models.quant.int4_weight import Int4Weight
 
@@ -53,7 +53,7 @@ __all__ = [
     "unavailable_reason",
 ]
 
-TILE_ROWS = 16  # output rows per tile: one per fp32 lane of a zmm register
+TILE_ROWS = tile_stream.TILE_ROWS  # output rows per tile: one per fp32 lane of a zmm register
 BLOCK_K = 8  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
@@ -107,37 +107,15 @@ class Int4Packed:
     inline_constants: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        q, s, r, gs = self.qweight, self.scales, self.row_scale, self.group_size
+        q, s, r = self.qweight, self.scales, self.row_scale
         if q.dtype != torch.uint8 or q.dim() != 3 or q.shape[2] != 64:
             raise ValueError(
                 f"qweight must be uint8 [Np/16, K/8 (+ K/G), 64], got {q.dtype} {q.shape}"
             )
-        if gs <= 0 or gs % BLOCK_K:
-            raise ValueError(f"group_size {gs} must be a positive multiple of 8")
-        self.inline_constants = s.numel() == 0
-        tiles, blocks = q.shape[0], q.shape[1]
-        if self.inline_constants:
-            # a group is G/8 code blocks and one block of constants
-            per_group = gs // BLOCK_K + 1
-            if blocks % per_group:
-                raise ValueError(
-                    f"qweight with inline constants must have a multiple of {per_group} "
-                    f"blocks per tile for group_size {gs}, got {blocks}"
-                )
-            k = blocks // per_group * gs
-        else:
-            k = blocks * BLOCK_K
-            if k % gs:
-                raise ValueError(f"group_size {gs} must be a multiple of 8 dividing {k}")
+        tiles = q.shape[0]
+        k, self.inline_constants = tile_stream.layout_k(q, s, self.group_size, BLOCK_K)
         if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
             raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if s.dtype != torch.float16 or (
-            not self.inline_constants and s.shape != (tiles, k // gs, 2, TILE_ROWS)
-        ):
-            raise ValueError(
-                f"scales must be fp16 [{tiles}, {k // gs}, 2, 16], or empty fp16 with the "
-                f"constants inline, got {s.dtype} {tuple(s.shape)}"
-            )
         if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
             raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
         self.in_features = k
@@ -147,18 +125,14 @@ class Int4Packed:
         constants are inline)."""
         if not self.inline_constants:
             return self.qweight
-        tiles, bpg = self.qweight.shape[0], self.group_size // BLOCK_K
-        grouped = self.qweight.view(tiles, -1, bpg + 1, 64)
-        return grouped[:, :, :bpg].reshape(tiles, -1, 64)
+        return tile_stream.code_blocks(self.qweight, self.group_size, BLOCK_K)
 
     def constants(self) -> torch.Tensor:
         """Per tile and group the 16 scales, then the 16 midpoints,
         ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
         if not self.inline_constants:
             return self.scales
-        tiles, bpg = self.qweight.shape[0], self.group_size // BLOCK_K
-        block = self.qweight.view(tiles, -1, bpg + 1, 64)[:, :, bpg]
-        return block.view(torch.float16).view(tiles, -1, 2, TILE_ROWS)
+        return tile_stream.constants(self.qweight, self.group_size, BLOCK_K)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, scales, row scales)."""
@@ -197,19 +171,10 @@ def pack(weight: Int4Weight, *, inline_constants: bool = True) -> Int4Packed:
         raise ValueError("int4 minimum and scale shapes differ")
     tiles = -(-n // TILE_ROWS)
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
+    qweight, scales, code_view, const_view = tile_stream.allocate(
+        tiles, k, gs, BLOCK_K, torch.uint8, inline_constants
+    )
     ngroups, bpg = k // gs, gs // BLOCK_K
-    if inline_constants:
-        qweight = huge_pages.empty((tiles, ngroups * (bpg + 1), 64), torch.uint8)
-        # per tile and group: bpg code blocks, then the [2, 16] fp16 constants (64 bytes)
-        grouped = qweight.view(tiles, ngroups, bpg + 1, 64)
-        code_view = grouped[:, :, :bpg]
-        const_view = grouped[:, :, bpg].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
-        scales = torch.empty(0, dtype=torch.float16)
-    else:
-        qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.uint8)
-        scales = huge_pages.empty((tiles, ngroups, 2, TILE_ROWS), torch.float16)
-        code_view = qweight.view(tiles, ngroups, bpg, 64)
-        const_view = scales
     row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
     for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _PACK_ROW_CHUNK)

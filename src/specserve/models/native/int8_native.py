@@ -40,7 +40,7 @@ from typing import Protocol
 
 import torch
 
-from specserve.models.native import build, huge_pages
+from specserve.models.native import build, tile_stream
 from specserve.models.native.availability import Availability
 from specserve.models.native.int4_native import tile_constants
 
@@ -57,7 +57,7 @@ __all__ = [
     "unavailable_reason",
 ]
 
-TILE_ROWS = 16  # output rows per tile: two 8-lane halves
+TILE_ROWS = tile_stream.TILE_ROWS  # output rows per tile: two 8-lane halves
 BLOCK_K = 4  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT8_NATIVE"
@@ -85,20 +85,25 @@ class Int8Packed:
     out), ``K`` the input features and ``G`` the group size:
 
     Attributes:
-        qweight: ``# [Np / 16, K / 4, 64] int8``. One 64-byte block per tile of 16 output rows
-            and 4 input channels ``k0 .. k0 + 3``; a tile's blocks follow each other along K,
-            so a tile is one contiguous stream. Byte ``h*32 + c*8 + r`` (``h`` in 0..1, ``c``
-            in 0..3, ``r`` in 0..7) is ``code[8h + r, k0 + c]``: sign-extending the 8 bytes at
-            ``h*32 + c*8`` to 32 bits gives input ``c``'s codes of rows ``8h .. 8h + 7``, one
-            row per fp32 lane.
-        scales: ``# [Np / 16, K / G, 2, 16] fp16``: per tile and group the 16 rows' scales,
-            then their offsets, each divided by the row's ``row_scale``.
+        qweight: ``# [Np / 16, K / 4 + K / G, 64] int8`` (constants inline, what :func:`pack`
+            writes) or ``# [Np / 16, K / 4, 64]`` (constants apart): see
+            :mod:`~specserve.models.native.tile_stream`. One 64-byte block per tile of 16
+            output rows and 4 input channels ``k0 .. k0 + 3``; a tile's blocks follow each
+            other along K, so a tile is one contiguous stream. Byte ``h*32 + c*8 + r`` (``h``
+            in 0..1, ``c`` in 0..3, ``r`` in 0..7) is ``code[8h + r, k0 + c]``:
+            sign-extending the 8 bytes at ``h*32 + c*8`` to 32 bits gives input ``c``'s codes
+            of rows ``8h .. 8h + 7``, one row per fp32 lane. Inline, each group's ``G / 4``
+            code blocks are followed by the group's constants block (as in ``scales``).
+        scales: ``# [Np / 16, K / G, 2, 16] fp16`` (constants apart; empty when inline): per
+            tile and group the 16 rows' scales, then their offsets, each divided by the row's
+            ``row_scale``.
         row_scale: ``# [Np] fp32``: a power of two per row, at least the row's largest
             ``|scale|`` / ``|offset|`` (1 for all-zero and padding rows), so the fp16 values
             lie in [-1, 1] whatever the weights' magnitude; the kernel multiplies it back.
         out_features: ``N`` (the kernel writes exactly ``N`` columns).
         group_size: ``G`` (a multiple of 4 dividing ``K``).
         in_features: ``K`` (derived from ``qweight``).
+        inline_constants: whether the constants are inline (``scales`` is empty).
     """
 
     qweight: torch.Tensor
@@ -107,21 +112,34 @@ class Int8Packed:
     out_features: int
     group_size: int
     in_features: int = field(init=False)
+    inline_constants: bool = field(init=False)
 
     def __post_init__(self) -> None:
         q, s, r = self.qweight, self.scales, self.row_scale
         if q.dtype != torch.int8 or q.dim() != 3 or q.shape[2] != 64:
-            raise ValueError(f"qweight must be int8 [Np/16, K/4, 64], got {q.dtype} {q.shape}")
-        tiles, k = q.shape[0], q.shape[1] * BLOCK_K
-        if self.group_size <= 0 or self.group_size % BLOCK_K or k % self.group_size:
-            raise ValueError(f"group_size {self.group_size} must be a multiple of 4 dividing {k}")
+            raise ValueError(
+                f"qweight must be int8 [Np/16, K/4 (+ K/G), 64], got {q.dtype} {q.shape}"
+            )
+        tiles = q.shape[0]
+        k, self.inline_constants = tile_stream.layout_k(q, s, self.group_size, BLOCK_K)
         if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
             raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if s.dtype != torch.float16 or s.shape != (tiles, k // self.group_size, 2, TILE_ROWS):
-            raise ValueError(f"scales must be fp16 [{tiles}, {k // self.group_size}, 2, 16]")
         if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
             raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
         self.in_features = k
+
+    def code_blocks(self) -> torch.Tensor:
+        """The code blocks alone, ``# [Np / 16, K / 4, 64] int8`` (a copy when inline)."""
+        if not self.inline_constants:
+            return self.qweight
+        return tile_stream.code_blocks(self.qweight, self.group_size, BLOCK_K)
+
+    def constants(self) -> torch.Tensor:
+        """Per tile and group the 16 scales, then the 16 offsets,
+        ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
+        if not self.inline_constants:
+            return self.scales
+        return tile_stream.constants(self.qweight, self.group_size, BLOCK_K)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, scales, row scales)."""
@@ -138,8 +156,10 @@ def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 3, 1, 4, 2).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
 
 
-def pack(weight: GroupWeight) -> Int8Packed:
-    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries).
+def pack(weight: GroupWeight, *, inline_constants: bool = True) -> Int8Packed:
+    """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries),
+    with each group's constants inline in its tile's stream (the default) or apart in
+    ``scales`` (``inline_constants=False``, for A/B benchmarks; the same bits out).
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
@@ -158,8 +178,10 @@ def pack(weight: GroupWeight) -> Int8Packed:
         raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
     tiles = -(-n // TILE_ROWS)
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
-    qweight = huge_pages.empty((tiles, k // BLOCK_K, 64), torch.int8)
-    scales = huge_pages.empty((tiles, k // gs, 2, TILE_ROWS), torch.float16)
+    qweight, scales, code_view, const_view = tile_stream.allocate(
+        tiles, k, gs, BLOCK_K, torch.int8, inline_constants
+    )
+    ngroups, bpg = k // gs, gs // BLOCK_K
     row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
     for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _PACK_ROW_CHUNK)
@@ -175,8 +197,8 @@ def pack(weight: GroupWeight) -> Int8Packed:
         if not (torch.isfinite(s).all() and torch.isfinite(off).all()):
             raise ValueError("int8-group scales / offsets must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
-        qweight[t0:t1] = _pack_codes(codes)
-        scales[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
+        code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
+        const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
     return Int8Packed(qweight, scales, row_scale, n, gs)
 
 

@@ -580,22 +580,27 @@ namespace specserve_native {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Tensor& row_scale,
-                           int64_t out_features, int64_t group_size, const char* what) {
+PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
+                                const Tensor& row_scale, int64_t out_features, int64_t group_size,
+                                const char* what, int bits) {
+  // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
+  const int64_t block_k = bits == 4 ? 8 : 4;
+  const ScalarType code_type = bits == 4 ? ScalarType::Byte : ScalarType::Char;
+  const char* layout = bits == 4 ? "uint8 [Np/16, K/8 (+ K/G), 64]" : "int8 [Np/16, K/4 (+ K/G), 64]";
   STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
                   ": CPU tensors only");
-  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.dim() == 3 &&
+  STD_TORCH_CHECK(qweight.scalar_type() == code_type && qweight.dim() == 3 &&
                       qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
-                  what, ": qweight must be contiguous uint8 [Np/16, K/8 (+ K/G), 64]");
-  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0, what,
-                  ": group_size must be a positive multiple of 8");
+                  what, ": qweight must be contiguous ", layout);
+  STD_TORCH_CHECK(group_size > 0 && group_size % block_k == 0, what,
+                  ": group_size must be a positive multiple of ", block_k);
   const int64_t ntiles = qweight.size(0);
-  // Empty scales: the constants are inline, one block after each group's G / 8 code blocks.
+  // Empty scales: the constants are inline, one block after each group's code blocks.
   const bool inline_constants = scales.numel() == 0;
-  const int64_t per_group = group_size / kBlockK + (inline_constants ? 1 : 0);
+  const int64_t per_group = group_size / block_k + (inline_constants ? 1 : 0);
   STD_TORCH_CHECK(qweight.size(1) % per_group == 0, what, ": qweight has ", qweight.size(1),
-                  " blocks per tile, not a multiple of the ", per_group, " of a group of ",
-                  group_size, inline_constants ? " with its constants" : "");
+                  " blocks per tile, not whole groups of ", per_group, " for group_size ",
+                  group_size);
   const int64_t ngroups = qweight.size(1) / per_group;
   const int64_t K = ngroups * group_size;
   STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
@@ -610,9 +615,14 @@ PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Te
   PackedWeight w{static_cast<const uint8_t*>(qweight.const_data_ptr()),
                  inline_constants ? nullptr : static_cast<const uint16_t*>(scales.const_data_ptr()),
                  static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
-                 group_size, 4};
+                 group_size, bits};
   w.inline_constants = inline_constants;
   return w;
+}
+
+PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Tensor& row_scale,
+                           int64_t out_features, int64_t group_size, const char* what) {
+  return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what, 4);
 }
 
 #ifdef SPECSERVE_INT4_NO_ISA

@@ -13,15 +13,23 @@ namespace specserve_native {
 // (int4_gemv.cpp, int4_native.py), bits 8 the int8-group layout (int8_gemv.cpp,
 // int8_native.py).
 struct PackedWeight {
-  const uint8_t* qweight;  // int4: [Np / 16, K / 8 (+ K / G), 64]; int8 group: int8 [Np / 16, K / 4, 64]
+  const uint8_t* qweight;  // int4: [Np / 16, K / 8 (+ K / G), 64]; int8: [Np / 16, K / 4 (+ K / G), 64]
   const uint16_t* scales;  // fp16 bits [Np / 16, K / G, 2, 16]; nullptr when inline
   const float* row_scale;  // [Np]
   int64_t N, K, group_size;
   int bits;  // 4 or 8
-  // int4: each group's [2, 16] fp16 constants follow its code blocks in the tile's stream
-  // (one more 64-byte block per group) instead of living in `scales`.
+  // Each group's [2, 16] fp16 constants follow its code blocks in the tile's stream (one more
+  // 64-byte block per group) instead of living in `scales`.
   bool inline_constants = false;
 };
+
+// Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8
+// group (bits 8), either layout (empty scales: the constants inline), and returns their
+// pointers. what: the caller's name for the weight, in the error messages.
+PackedWeight tile_packed_weight(const torch::stable::Tensor& qweight,
+                                const torch::stable::Tensor& scales,
+                                const torch::stable::Tensor& row_scale, int64_t out_features,
+                                int64_t group_size, const char* what, int bits);
 
 // Checks dtype, shape and contiguity of the three packed int4 tensors (what: the caller's name for
 // the weight, in the error message) and returns their pointers.

@@ -10,13 +10,16 @@
 // Registered as torch.ops.specserve.int8_gemm through PyTorch's stable C++ ABI, like int4_gemm
 // (int4_gemv.cpp).
 //
-// Packed layout (see int8_native.py for the Python side):
-//   qweight   int8    [Np / 16, K / 4, 64]  one 64-byte block per (tile of 16 rows, 4 inputs
-//             k0 .. k0 + 3); a tile's blocks follow each other along K (one stream per tile).
+// Packed layout (see int8_native.py and tile_stream.py for the Python side):
+//   qweight   int8    [Np / 16, K / 4 + K / G, 64]  one 64-byte block per (tile of 16 rows, 4
+//             inputs k0 .. k0 + 3); a tile's blocks follow each other along K, and after each
+//             group's G / 4 code blocks one more block holds the group's constants (laid out
+//             as in `scales` below): one stream per tile. (Without the constants inline:
+//             [Np / 16, K / 4, 64] and the constants in `scales`; the same arithmetic.)
 //             Byte h*32 + c*8 + r (h in 0..1, c in 0..3, r in 0..7) is code[8h + r, k0 + c]:
 //             vpmovsxbd of the 8 bytes at h*32 + c*8 gives input c's codes of the tile's
 //             half h (rows 8h .. 8h + 7), one row per 32-bit lane.
-//   scales    fp16    [Np / 16, K / G, 2, 16]  per tile and group: the 16 rows' scales, then
+//   scales    fp16    [Np / 16, K / G, 2, 16] or empty (inline)  per tile and group: the 16 rows' scales, then
 //             their 16 offsets, both divided by the row's power-of-two row_scale (fp16 range
 //             whatever the weights' magnitude).
 //   row_scale fp32    [Np]
@@ -71,15 +74,17 @@ constexpr int64_t kPrefetch = 2048;
 #ifdef SPECSERVE_INT8_AVX2
 
 struct Problem {
-  const int8_t* qweight;   // [ntiles, K / 4, 64]
-  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]
+  const int8_t* qweight;   // [ntiles, K / 4 (+ ngroups), 64]
+  const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]; nullptr when inline
   const float* row_scale;  // [ntiles * 16]
   const float* xf;         // x in fp32, row-block interleaved (interleave_rows)
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // the sweep prefetch (sweep_start in simd.h)
+  bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
+  int64_t tile_bytes;      // bytes of one tile in qweight
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -176,7 +181,7 @@ inline __m256 codes_f32(const int8_t* block, int64_t offset) {
 // consecutive FMAs of one chain are NT * NH * MR FMAs apart.
 template <int NT, int NH, int MR>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
-  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
 
   const int8_t* w[NT];
@@ -184,7 +189,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
-    sc[t] = p.scales + (tile0 + t) * tile_scales + 8 * h0;
+    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -228,20 +233,24 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
+      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
+      const uint16_t* c =
+          p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
         const __m256 s =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + 8 * h)));
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
         const __m256 o = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc[t] + kTile + 8 * h)));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           y[t][h][m] = _mm256_fmadd_ps(s, acc[t][h][m], y[t][h][m]);
           y[t][h][m] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      sc[t] += 2 * kTile;
+      if (!p.inline_constants) sc[t] += 2 * kTile;
     }
+    if (p.inline_constants) next_block<NT>(w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -274,7 +283,7 @@ inline void zero(__m512 (&v)[NT][MR]) {
 
 template <int NT, int MR>
 void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
-  const int64_t tile_bytes = p.K / kBlockK * kBlockBytes;
+  const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
   const __m512i halves = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
 
@@ -283,7 +292,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = p.scales + (tile0 + t) * tile_scales;
+    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -324,17 +333,19 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
-      const __m512 s =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t])));
+      // the group's constants: inline, the block after its codes
+      const uint16_t* c = p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t]) : sc[t];
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
       const __m512 o =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc[t] + kTile)));
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) {
         y[t][m] = _mm512_fmadd_ps(s, acc[t][m], y[t][m]);
         y[t][m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m][g]), y[t][m]);
       }
-      sc[t] += 2 * kTile;
+      if (!p.inline_constants) sc[t] += 2 * kTile;
     }
+    if (p.inline_constants) next_block<NT>(w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -450,28 +461,7 @@ using torch::stable::Tensor;
 PackedWeight int8_packed_weight(const Tensor& qweight, const Tensor& scales,
                                 const Tensor& row_scale, int64_t out_features, int64_t group_size,
                                 const char* what) {
-  STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
-                  ": CPU tensors only");
-  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 3 &&
-                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
-                  what, ": qweight must be contiguous int8 [Np/16, K/4, 64]");
-  const int64_t ntiles = qweight.size(0);
-  const int64_t K = qweight.size(1) * kBlockK;
-  STD_TORCH_CHECK(group_size > 0 && group_size % kBlockK == 0 && K % group_size == 0, what,
-                  ": group_size must be a multiple of 4 dividing K");
-  const int64_t ngroups = K / group_size;
-  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
-                  ": out_features does not match the packed rows");
-  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.is_contiguous() &&
-                      scales.numel() == ntiles * ngroups * 2 * kTile,
-                  what, ": scales must be contiguous fp16 [Np/16, K/G, 2, 16]");
-  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
-                      row_scale.numel() == ntiles * kTile,
-                  what, ": row_scale must be contiguous fp32 [Np]");
-  return PackedWeight{static_cast<const uint8_t*>(qweight.const_data_ptr()),
-                      static_cast<const uint16_t*>(scales.const_data_ptr()),
-                      static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
-                      group_size, 8};
+  return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what, 8);
 }
 
 PackedWeight quant_packed_weight(const Tensor& qweight, const Tensor& scales,
@@ -528,6 +518,8 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.K = K;
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;
+  p.inline_constants = w.inline_constants;
+  p.tile_bytes = (K / kBlockK + (w.inline_constants ? ngroups : 0)) * kBlockBytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.

@@ -1,0 +1,95 @@
+"""The tile stream shared by the int4 and int8-group kernels' packed weights.
+
+Both kernels read a weight as tiles of 16 output rows, each a run of 64-byte blocks along K
+(``block_k`` inputs a block: 8 for int4, 4 for int8), and per group of ``G`` inputs two fp16
+constants for each of the tile's 16 rows (``[2, 16]`` fp16: exactly one 64-byte block). The
+constants live either **inline**, as one more block after each group's ``G / block_k`` code
+blocks, so that a tile is a single stream of codes and constants (what :func:`allocate`
+gives by default), or **apart** in their own ``[tiles, K / G, 2, 16]`` tensor, the earlier
+layout, kept so that benchmarks can run both in one process. The kernels' arithmetic is the
+same for both; only where they read the constants differs. With the constants inline, the
+``scales`` tensor handed to the kernels is empty.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.models.native import huge_pages
+
+__all__ = ["TILE_ROWS", "allocate", "code_blocks", "constants", "layout_k"]
+
+TILE_ROWS = 16  # output rows per tile
+BLOCK_BYTES = 64
+
+
+def allocate(
+    tiles: int, k: int, group_size: int, block_k: int, dtype: torch.dtype, inline: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(qweight, scales, code_view, constant_view)`` for a weight of ``tiles`` tiles and
+    ``k`` inputs, uninitialised (huge pages where the host allows: the weight is streamed once
+    per token). Write the code blocks through ``code_view # [tiles, K / G, G / block_k, 64]``
+    and the constants through ``constant_view # [tiles, K / G, 2, 16] fp16``: both are views
+    into ``qweight`` (inline) or into ``qweight`` and ``scales`` (apart)."""
+    ngroups, bpg = k // group_size, group_size // block_k
+    if inline:
+        qweight = huge_pages.empty((tiles, ngroups * (bpg + 1), BLOCK_BYTES), dtype)
+        grouped = qweight.view(tiles, ngroups, bpg + 1, BLOCK_BYTES)
+        code_view = grouped[:, :, :bpg]
+        constant_view = grouped[:, :, bpg].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+        return qweight, torch.empty(0, dtype=torch.float16), code_view, constant_view
+    qweight = huge_pages.empty((tiles, k // block_k, BLOCK_BYTES), dtype)
+    scales = huge_pages.empty((tiles, ngroups, 2, TILE_ROWS), torch.float16)
+    return qweight, scales, qweight.view(tiles, ngroups, bpg, BLOCK_BYTES), scales
+
+
+def layout_k(
+    qweight: torch.Tensor, scales: torch.Tensor, group_size: int, block_k: int
+) -> tuple[int, bool]:
+    """``(K, inline)`` of a packed weight's ``qweight # [tiles, blocks, 64]`` and ``scales``
+    (empty: the constants are inline), checked against ``group_size``.
+
+    Raises:
+        ValueError: the group size is not a positive multiple of ``block_k``, the blocks are
+            not whole groups, or ``scales`` has the wrong dtype or shape.
+    """
+    if group_size <= 0 or group_size % block_k:
+        raise ValueError(f"group_size {group_size} must be a positive multiple of {block_k}")
+    tiles, blocks = qweight.shape[0], qweight.shape[1]
+    inline = scales.numel() == 0
+    if inline:
+        per_group = group_size // block_k + 1  # the code blocks and the constants block
+        if blocks % per_group:
+            raise ValueError(
+                f"qweight with inline constants must have a multiple of {per_group} blocks "
+                f"per tile for group_size {group_size}, got {blocks}"
+            )
+        k = blocks // per_group * group_size
+    else:
+        k = blocks * block_k
+        if k % group_size:
+            raise ValueError(
+                f"group_size {group_size} must be a multiple of {block_k} dividing {k}"
+            )
+    if scales.dtype != torch.float16 or (
+        not inline and scales.shape != (tiles, k // group_size, 2, TILE_ROWS)
+    ):
+        raise ValueError(
+            f"scales must be fp16 [{tiles}, {k // group_size}, 2, 16], or empty fp16 with the "
+            f"constants inline, got {scales.dtype} {tuple(scales.shape)}"
+        )
+    return k, inline
+
+
+def code_blocks(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Tensor:
+    """The code blocks of an inline ``qweight``, ``# [tiles, K / block_k, 64]`` (a copy)."""
+    bpg = group_size // block_k
+    grouped = qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES)
+    return grouped[:, :, :bpg].reshape(qweight.shape[0], -1, BLOCK_BYTES)
+
+
+def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Tensor:
+    """The constants of an inline ``qweight``, ``# [tiles, K / G, 2, 16] fp16`` (a view)."""
+    bpg = group_size // block_k
+    block = qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES)[:, :, bpg]
+    return block.view(torch.float16).view(qweight.shape[0], -1, 2, TILE_ROWS)
