@@ -11,15 +11,21 @@ memory, not from the last-level cache, as in real decoding; best of 3.
 kernel, its Q4_K ones on the int4 kernel) over T = 1 .. 9 new tokens at a 200-token
 context, logits included (a decode step and the verify steps of k = 1 .. 8 drafts), with
 the int8 kernel's 16-lane (AVX-512F) and 8-lane (AVX2) variants alternating
-(``SPECSERVE_INT8_AVX512``), or with ``--switch sweep`` the two ways the int4 and int8 kernels
-prefetch (``SPECSERVE_SWEEP_PREFETCH``), medians of ``--rounds``; the two settings give
-identical logits.
+(``SPECSERVE_INT8_AVX512``), with ``--switch sweep`` the two ways the int4 and int8 kernels
+prefetch (``SPECSERVE_SWEEP_PREFETCH``), with ``--switch distance`` how far ahead the runs
+over one tile at a time (4 or more rows) prefetch (``SPECSERVE_ONE_TILE_PREFETCH``: 6 KiB, or
+the 1 / 2 KiB of the int4 / int8 kernels' other runs), or with ``--switch layout`` the two
+packings of their weights (each group's constants inline in its tile's stream, as loaded,
+or apart in their own tensor: the same codes and constants), medians of ``--rounds``; the two
+settings give identical logits.
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
     python benchmarks/int8_group_kernel.py --rows 1 --shape down --cached
     python benchmarks/int8_group_kernel.py --part step --rounds 9
     python benchmarks/int8_group_kernel.py --part step --switch sweep --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch layout --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
 
 Run it alone on the machine: it measures memory bandwidth.
 """
@@ -108,11 +114,60 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
         del int8_packed, int4_packed
 
 
-# --part step's switches: environment variable, then the labels of its "1" and "0" settings.
+# --part step's switches: what is switched (an environment variable, or "layout": the packed
+# weights), then the labels of its "1" and "0" settings.
 SWITCHES = {
     "lanes": ("SPECSERVE_INT8_AVX512", "16 lanes", "8 lanes"),
     "sweep": ("SPECSERVE_SWEEP_PREFETCH", "sweep prefetch", "per-tile prefetch"),
+    "layout": ("layout", "constants inline", "constants apart"),
+    "distance": (
+        "SPECSERVE_ONE_TILE_PREFETCH",
+        "one-tile runs 6 KiB ahead",
+        "as far as the others",
+    ),
 }
+
+
+def _layout_setter(model: torch.nn.Module) -> Callable[[str], None]:
+    """Packs every native projection of ``model`` (the fused layers' and the LM head's) a
+    second time with its constants apart, from the same codes and constants; the returned
+    function puts the model on the inline ("1", as loaded) or the apart ("0") packing."""
+    from specserve.models.native import fused_layer
+    from specserve.models.native.int4_native import Int4Packed
+    from specserve.models.native.int8_native import Int8Packed
+    from specserve.models.quant.int8_group import Int8GroupLinear
+    from specserve.models.quant.layers import Int4Linear
+
+    linears = [
+        m
+        for m in model.modules()
+        if isinstance(m, Int4Linear | Int8GroupLinear) and m.native is not None
+    ]
+    if not linears or not all(m.native.inline_constants for m in linears):
+        raise SystemExit("--switch layout needs the native kernels with inline constants")
+    packs: dict[str, list[object]] = {"1": [m.native for m in linears], "0": []}
+    for m in linears:
+        p, kind = m.native, Int4Packed if isinstance(m, Int4Linear) else Int8Packed
+        split = kind(
+            p.code_blocks(), p.constants().contiguous(), p.row_scale, p.out_features, p.group_size
+        )
+        packs["0"].append(split)
+    layers = list(model.model.layers)
+    fused: dict[str, list[object]] = {"1": [layer.fused for layer in layers]}
+    for m, split in zip(linears, packs["0"], strict=True):
+        m.native = split
+    if not fused_layer.enable(model):
+        raise SystemExit("--switch layout: the fused layers do not take the apart packing")
+    fused["0"] = [layer.fused for layer in layers]
+
+    def put(setting: str) -> None:
+        for m, packed in zip(linears, packs[setting], strict=True):
+            m.native = packed
+        for layer, weights in zip(layers, fused[setting], strict=True):
+            layer.fused = weights
+
+    put("1")
+    return put
 
 
 def part_step(rounds: int, switch: str) -> None:
@@ -124,13 +179,14 @@ def part_step(rounds: int, switch: str) -> None:
 
     env, on_label, off_label = SWITCHES[switch]
     model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
+    put = _layout_setter(model) if env == "layout" else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
     new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640]
     cache = SingleSequenceCache(model, 256)
     cache.forward(context)
 
     def step(setting: str, t: int) -> tuple[float, torch.Tensor]:
-        os.environ[env] = setting
+        put(setting)
         cache.truncate(len(context))
         t0 = time.perf_counter()
         logits = model.compute_logits(cache.forward(new[:t]))
@@ -143,7 +199,10 @@ def part_step(rounds: int, switch: str) -> None:
             for setting in ("1", "0"):
                 times[(setting, t)].append(step(setting, t)[0])
     same = all(torch.equal(step("1", t)[1], step("0", t)[1]) for t in sizes)
-    os.environ.pop(env)
+    if env == "layout":
+        put("1")
+    else:
+        os.environ.pop(env)
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
     # each round's two steps ran back to back: the median of their ratios drifts less with the
     # host than the ratio of the medians
@@ -171,8 +230,8 @@ def main() -> int:
         "--switch",
         choices=list(SWITCHES),
         default="lanes",
-        help="--part step: what alternates (the int8 kernel's vector width, or how the int4 "
-        "and int8 kernels prefetch)",
+        help="--part step: what alternates (the int8 kernel's vector width, how the int4 "
+        "and int8 kernels prefetch, or where their packed weights keep the group constants)",
     )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")

@@ -248,6 +248,20 @@ def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @native
+def test_one_tile_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-tile runs (4 or more rows, the last tiles of fewer) prefetch further ahead by
+    default; SPECSERVE_ONE_TILE_PREFETCH=0 restores the shorter distance. Only reads move."""
+    gen = torch.Generator().manual_seed(8)
+    packed = pack(_random_codes_weight(16 * 29 + 9, 1536, 32))
+    for m in (1, 4, 5, 9):
+        x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)
+        monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "1")
+        far = matmul(x, packed)
+        monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "0")
+        assert torch.equal(far, matmul(x, packed)), m
+
+
+@native
 def test_thread_count_does_not_change_results() -> None:
     packed = pack(_random_codes_weight(16 * 37 + 3, 1536, 64))
     x = torch.randn(5, 1536).to(torch.bfloat16)

@@ -314,6 +314,22 @@ def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @native
+def test_one_tile_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-tile runs prefetch further ahead by default, or at the shorter distance with
+    SPECSERVE_ONE_TILE_PREFETCH=0, in the 16- and the 8-lane kernels: the same bits."""
+    gen = torch.Generator().manual_seed(9)
+    packed = pack(_weight(16 * 21 + 5, 1536, 16))
+    for lanes in ("1", "0"):
+        monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
+        for m in (1, 4, 5, 9):
+            x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)
+            monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "1")
+            far = matmul(x, packed)
+            monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "0")
+            assert torch.equal(far, matmul(x, packed)), (lanes, m)
+
+
+@native
 def test_thread_count_does_not_change_results() -> None:
     packed = pack(_weight(16 * 37 + 3, 1536, 16))
     x = torch.randn(5, 1536).to(torch.bfloat16)

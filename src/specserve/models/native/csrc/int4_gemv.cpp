@@ -78,7 +78,13 @@ constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the u
 constexpr int64_t kMaxRows = 5;     // rows of x per register block
 #else
 constexpr int64_t kMaxRows = 8;     // rows of x per register block
-constexpr int64_t kPrefetch = 1024; // bytes ahead in a tile's stream
+constexpr int64_t kPrefetch = 1024; // bytes ahead in each tile's stream (several tiles at once)
+// Bytes ahead when one tile is read at a time (4 or more rows): the lines in flight bound what
+// memory delivers, and 1024 bytes (16 lines) left these compute-heavy kernels 1.3 - 1.6x
+// slower on a Zen 5 host (matmuls of 4 - 8 rows, weights read from memory); 6144 was at least
+// as fast as 4096 and 8192 there (a distance of exactly 4096 was much slower in the int8
+// kernel).
+constexpr int64_t kPrefetchOneTile = 6144;
 #endif
 
 #ifndef SPECSERVE_INT4_NO_ISA
@@ -99,6 +105,7 @@ struct Problem {
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // AVX-512: the sweep prefetch (sweep_start in simd.h)
+  int64_t one_tile_distance;  // AVX-512: prefetch distance of one-tile runs (one_tile_prefetch)
   bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
@@ -150,13 +157,14 @@ inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
 }
 
 // Tiles [tile0, tile0 + NT) for the MR rows of the row block at m0: the canonical arithmetic
-// above. One tile's stream is prefetched kPrefetch bytes ahead: the multi-row kernels are
-// compute-bound enough that the hardware prefetcher falls behind, and on a Zen 5 host the
-// 1-row kernel gained from it too (decode steps with and without it alternating in one
-// process; on the Intel hosts measured before, it made no difference for 1 row).
+// above. Each tile's stream is prefetched kPrefetch bytes ahead (kPrefetchOneTile when one tile
+// is read at a time): the multi-row kernels are compute-bound enough that the hardware
+// prefetcher falls behind, and on a Zen 5 host the 1-row kernel gained from it too (decode
+// steps with and without it alternating in one process; on the Intel hosts measured before,
+// it made no difference for 1 row).
 // The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
 // simd.h).
-template <int NT, int MR>
+template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
@@ -171,8 +179,9 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   const uint16_t* sc[NT];
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales;
+    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
   }
+  const int64_t pf = NT == 1 ? p.one_tile_distance : kPrefetch;
   const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
                                                         (p.N + kTile - 1) / kTile, tile_bytes);
   const float* xs[MR];
@@ -193,7 +202,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
       for (int t = 0; t < NT; ++t) {
         const __m512i raw = _mm512_loadu_si512(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], kPrefetch);
+        specserve_native::prefetch_line(ahead, w[t], pf);
         w[t] += kBlockBytes;
         const __m512i lo = _mm512_and_si512(raw, low_mask);
         const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, shr4, 0);
@@ -212,9 +221,9 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     }
     for (int t = 0; t < NT; ++t) {
       const uint16_t* c = sc[t];
-      if (p.inline_constants) {  // the group's block of constants, next in the tile's stream
+      if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
         c = reinterpret_cast<const uint16_t*>(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], kPrefetch);
+        specserve_native::prefetch_line(ahead, w[t], pf);
         w[t] += kBlockBytes;
       } else {
         sc[t] += 2 * kTile;
@@ -251,35 +260,37 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows).
+template <bool kInline>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block<1, 1>(p, tile0, m0); break;
-    case 2: run_block<1, 2>(p, tile0, m0); break;
-    case 3: run_block<1, 3>(p, tile0, m0); break;
-    case 4: run_block<1, 4>(p, tile0, m0); break;
-    case 5: run_block<1, 5>(p, tile0, m0); break;
-    case 6: run_block<1, 6>(p, tile0, m0); break;
-    case 7: run_block<1, 7>(p, tile0, m0); break;
-    default: run_block<1, 8>(p, tile0, m0); break;
+    case 1: run_block<1, 1, kInline>(p, tile0, m0); break;
+    case 2: run_block<1, 2, kInline>(p, tile0, m0); break;
+    case 3: run_block<1, 3, kInline>(p, tile0, m0); break;
+    case 4: run_block<1, 4, kInline>(p, tile0, m0); break;
+    case 5: run_block<1, 5, kInline>(p, tile0, m0); break;
+    case 6: run_block<1, 6, kInline>(p, tile0, m0); break;
+    case 7: run_block<1, 7, kInline>(p, tile0, m0); break;
+    default: run_block<1, 8, kInline>(p, tile0, m0); break;
   }
 }
 
 // Tiles [begin, end), all rows. Interleaves several tiles when there are few rows (to hide the
 // vdpbf16ps latency); otherwise one tile at a time, each row block in turn.
+template <bool kInline>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 1>(p, t, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 1, kInline>(p, t, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block<2, 2>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_block<2, 2, kInline>(p, t, 0);
   } else if (p.M == 3) {
-    for (; t + 2 <= end; t += 2) run_block<2, 3>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_block<2, 3, kInline>(p, t, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -368,7 +379,7 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
 // more: the 4-cycle FMA latency is hidden in program order, not left to the out-of-order
 // window); each (tile, half, c) re-derives its words from the block (an L1 load) so that only
 // the accumulators stay live.
-template <int NT, int NH, int MR>
+template <int NT, int NH, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   const __m256i exp_byte = _mm256_set1_epi8(0x43);
@@ -382,7 +393,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
-    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
+    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const float* xs[MR];
 #pragma GCC unroll 16
@@ -450,7 +461,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     for (int t = 0; t < NT; ++t) {
       // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
       const uint16_t* c =
-          p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
+          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
         const __m256 s =
@@ -465,7 +476,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      if (p.inline_constants) {
+      if constexpr (kInline) {
         w[t] += kBlockBytes;
       } else {
         sc[t] += 2 * kTile;
@@ -489,34 +500,36 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows): both halves at
 // once for 1 - 2 rows, else one half at a time (6 - 10 accumulators; 12 would spill).
+template <bool kInline>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block<1, 2, 1>(p, tile0, 0, m0); break;
-    case 2: run_block<1, 2, 2>(p, tile0, 0, m0); break;
+    case 1: run_block<1, 2, 1, kInline>(p, tile0, 0, m0); break;
+    case 2: run_block<1, 2, 2, kInline>(p, tile0, 0, m0); break;
     case 3:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 3>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 3, kInline>(p, tile0, h, m0);
       break;
     case 4:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 4>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 4, kInline>(p, tile0, h, m0);
       break;
     default:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 5>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 5, kInline>(p, tile0, h, m0);
       break;
   }
 }
 
 // Tiles [begin, end), all rows: two tiles at once for 1 row (8 accumulators), else one tile at
 // a time, each row block in turn.
+template <bool kInline>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + 2 <= end; t += 2) run_block<2, 2, 1>(p, t, 0, 0);
+    for (; t + 2 <= end; t += 2) run_block<2, 2, 1, kInline>(p, t, 0, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -667,6 +680,11 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.out = out;
   p.out_f32 = out_f32;
   p.sweep = specserve_native::sweep_prefetch();
+#ifdef SPECSERVE_INT4_AVX512
+  p.one_tile_distance = specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch;
+#else
+  p.one_tile_distance = 0;  // the AVX2 kernels do not prefetch
+#endif
   p.M = M;
   p.N = w.N;
   p.K = K;
@@ -682,7 +700,11 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const int64_t grain = std::max<int64_t>(
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
-    run_range(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    if (p.inline_constants) {
+      run_range<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    } else {
+      run_range<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    }
   });
 }
 

@@ -70,6 +70,10 @@ constexpr int64_t kMaxRows = 8;     // rows of x per register block
 // decode steps of the gguf 1.5B (its Q6_K tensors run here) were faster with it (steps with
 // and without it alternating in one process).
 constexpr int64_t kPrefetch = 2048;
+// Bytes ahead when one tile is read at a time (4 or more rows, and the last tiles): more lines
+// in flight. On the same host, matmuls of 4 - 8 rows from memory ran 5 - 20 % faster with 6144
+// than with 2048, and much slower with exactly 4096 (the same offset within a page).
+constexpr int64_t kPrefetchOneTile = 6144;
 
 #ifdef SPECSERVE_INT8_AVX2
 
@@ -82,6 +86,7 @@ struct Problem {
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // the sweep prefetch (sweep_start in simd.h)
+  int64_t one_tile_distance;  // prefetch distance of one-tile runs (one_tile_prefetch)
   bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
@@ -155,10 +160,10 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
 // Step each tile's stream to its next 64-byte block, prefetching the sweep's next lines or,
 // without one, kPrefetch bytes ahead in each stream (sweep_start in simd.h).
 template <int NT>
-inline void next_block(const int8_t* (&w)[NT], const char*& ahead) {
+inline void next_block(const Problem& p, const int8_t* (&w)[NT], const char*& ahead) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
-    specserve_native::prefetch_line(ahead, w[t], kPrefetch);
+    specserve_native::prefetch_line(ahead, w[t], NT == 1 ? p.one_tile_distance : kPrefetch);
     w[t] += kBlockBytes;
   }
 }
@@ -179,7 +184,7 @@ inline __m256 codes_f32(const int8_t* block, int64_t offset) {
 // Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
 // m0: the canonical arithmetic above. The loop over the 4 inputs c of a block is outermost, so
 // consecutive FMAs of one chain are NT * NH * MR FMAs apart.
-template <int NT, int NH, int MR>
+template <int NT, int NH, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
@@ -189,7 +194,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
-    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
+    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -228,14 +233,14 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           }
         }
       }
-      next_block<NT>(w, ahead);
+      next_block<NT>(p, w, ahead);
       xk += kBlockK * MR;
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
       const uint16_t* c =
-          p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
+          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
         const __m256 s =
@@ -248,9 +253,9 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      if (!p.inline_constants) sc[t] += 2 * kTile;
+      if constexpr (!kInline) sc[t] += 2 * kTile;
     }
-    if (p.inline_constants) next_block<NT>(w, ahead);  // past the constants block
+    if constexpr (kInline) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -281,7 +286,7 @@ inline void zero(__m512 (&v)[NT][MR]) {
     for (int m = 0; m < MR; ++m) v[t][m] = _mm512_setzero_ps();
 }
 
-template <int NT, int MR>
+template <int NT, int MR, bool kInline>
 void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
@@ -292,7 +297,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = p.inline_constants ? nullptr : p.scales + (tile0 + t) * tile_scales;
+    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -328,13 +333,13 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
             acc[t][m] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[c * MR + m]), acc[t][m]);
         }
       }
-      next_block<NT>(w, ahead);
+      next_block<NT>(p, w, ahead);
       xk += kBlockK * MR;
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       // the group's constants: inline, the block after its codes
-      const uint16_t* c = p.inline_constants ? reinterpret_cast<const uint16_t*>(w[t]) : sc[t];
+      const uint16_t* c = kInline ? reinterpret_cast<const uint16_t*>(w[t]) : sc[t];
       const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
       const __m512 o =
           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
@@ -343,9 +348,9 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
         y[t][m] = _mm512_fmadd_ps(s, acc[t][m], y[t][m]);
         y[t][m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m][g]), y[t][m]);
       }
-      if (!p.inline_constants) sc[t] += 2 * kTile;
+      if constexpr (!kInline) sc[t] += 2 * kTile;
     }
-    if (p.inline_constants) next_block<NT>(w, ahead);  // past the constants block
+    if constexpr (kInline) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -368,33 +373,35 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows), 16 lanes a vector.
+template <bool kInline>
 void run_rows16(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block16<1, 1>(p, tile0, m0); break;
-    case 2: run_block16<1, 2>(p, tile0, m0); break;
-    case 3: run_block16<1, 3>(p, tile0, m0); break;
-    case 4: run_block16<1, 4>(p, tile0, m0); break;
-    case 5: run_block16<1, 5>(p, tile0, m0); break;
-    case 6: run_block16<1, 6>(p, tile0, m0); break;
-    case 7: run_block16<1, 7>(p, tile0, m0); break;
-    default: run_block16<1, 8>(p, tile0, m0); break;
+    case 1: run_block16<1, 1, kInline>(p, tile0, m0); break;
+    case 2: run_block16<1, 2, kInline>(p, tile0, m0); break;
+    case 3: run_block16<1, 3, kInline>(p, tile0, m0); break;
+    case 4: run_block16<1, 4, kInline>(p, tile0, m0); break;
+    case 5: run_block16<1, 5, kInline>(p, tile0, m0); break;
+    case 6: run_block16<1, 6, kInline>(p, tile0, m0); break;
+    case 7: run_block16<1, 7, kInline>(p, tile0, m0); break;
+    default: run_block16<1, 8, kInline>(p, tile0, m0); break;
   }
 }
 
 // Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows, else
 // one tile at a time, each row block in turn (the tile's codes stay in L2).
+template <bool kInline>
 void run_range16(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block16<kTileGroup, 1>(p, t, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block16<kTileGroup, 1, kInline>(p, t, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block16<2, 2>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_block16<2, 2, kInline>(p, t, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows16(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows16<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -414,37 +421,39 @@ bool wide_vectors() {
 // for up to 6 rows (each broadcast input serves two FMAs), one half at a time for 7 - 8 (the
 // accumulators of 16 chains would not leave registers for the operands). Measured here
 // (Skylake-SP, 2 cores) 8-row blocks took ~10% less time per row than two 4-row blocks.
+template <bool kInline>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block<1, 2, 1>(p, tile0, 0, m0); break;
-    case 2: run_block<1, 2, 2>(p, tile0, 0, m0); break;
-    case 3: run_block<1, 2, 3>(p, tile0, 0, m0); break;
-    case 4: run_block<1, 2, 4>(p, tile0, 0, m0); break;
-    case 5: run_block<1, 2, 5>(p, tile0, 0, m0); break;
-    case 6: run_block<1, 2, 6>(p, tile0, 0, m0); break;
+    case 1: run_block<1, 2, 1, kInline>(p, tile0, 0, m0); break;
+    case 2: run_block<1, 2, 2, kInline>(p, tile0, 0, m0); break;
+    case 3: run_block<1, 2, 3, kInline>(p, tile0, 0, m0); break;
+    case 4: run_block<1, 2, 4, kInline>(p, tile0, 0, m0); break;
+    case 5: run_block<1, 2, 5, kInline>(p, tile0, 0, m0); break;
+    case 6: run_block<1, 2, 6, kInline>(p, tile0, 0, m0); break;
     case 7:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 7>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 7, kInline>(p, tile0, h, m0);
       break;
     default:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 8>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 8, kInline>(p, tile0, h, m0);
       break;
   }
 }
 
 // Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows (8
 // chains), else one tile at a time, each row block in turn (the tile's codes stay in L2).
+template <bool kInline>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 2, 1>(p, t, 0, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 2, 1, kInline>(p, t, 0, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block<2, 2, 2>(p, t, 0, 0);
+    for (; t + 2 <= end; t += 2) run_block<2, 2, 2, kInline>(p, t, 0, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -513,6 +522,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.out = out;
   p.out_f32 = out_f32;
   p.sweep = specserve_native::sweep_prefetch();
+  p.one_tile_distance = specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch;
   p.M = M;
   p.N = w.N;
   p.K = K;
@@ -533,11 +543,19 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
 #ifdef __AVX512F__
     if (wide) {
-      run_range16(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      if (p.inline_constants) {
+      run_range16<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    } else {
+      run_range16<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    }
       return;
     }
 #endif
-    run_range(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    if (p.inline_constants) {
+      run_range<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    } else {
+      run_range<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    }
   });
 }
 

@@ -30,6 +30,15 @@ inline bool sweep_prefetch() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Whether kernels reading one tile at a time (4 or more rows) prefetch further ahead than those
+// reading several (the default), or as far as those (SPECSERVE_ONE_TILE_PREFETCH=0, the earlier
+// distances). Read on every call, like sweep_prefetch(), so that a benchmark can alternate
+// both in one process; only reads move, never the outputs.
+inline bool one_tile_prefetch() {
+  const char* v = std::getenv("SPECSERVE_ONE_TILE_PREFETCH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // Where a kernel run over the NT tiles from tile0 of a packed weight (ntiles tiles of
 // tile_bytes each from qweight, contiguous) prefetches. The 2- and 3-row kernels read two tiles
 // at once: two streams a tile apart, which memory serves more slowly than one
