@@ -122,3 +122,25 @@ def test_confidence_stop_example_is_the_main_jobs_benchmark_on_two_servers() -> 
     assert off.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
     assert on.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
     assert DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0
+
+
+def test_code_ab_example_serves_the_same_command_from_two_checkouts() -> None:
+    # docs/benchmarks.md, "Inline constants": endpoints mode with the main job's benchmark
+    # settings; the two serve commands of its header are one command, the first run from an
+    # earlier commit's sources, each on its arm's port.
+    path = EXAMPLES / "code-ab.yaml"
+    cfg, main = load_config(path), load_config(None)
+    assert cfg.endpoints is not None and cfg.servers is None
+    assert cfg.benchmark.suites == main.benchmark.suites
+    for field in ("concurrency", "num_requests", "warmup_requests", "max_tokens", "endpoint"):
+        assert getattr(cfg.benchmark, field) == getattr(main.benchmark, field), field
+    header = " ".join(
+        line.lstrip("#").strip().rstrip("\\").strip()
+        for line in path.read_text().splitlines()
+        if line.startswith("#")
+    )
+    base, new = header.split("specserve serve ")[1:3]
+    assert "PYTHONPATH=../specserve-base/src specserve serve" in header
+    assert base.split("--port")[0] == new.split("--port")[0]
+    assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
+    assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
