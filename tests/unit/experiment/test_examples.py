@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,12 +99,10 @@ def test_defaults_example_serves_as_specserve_serve_does_by_default() -> None:
     assert b.suites == ("structured", "open-ended") and b.concurrency == (1,)
 
 
-def test_confidence_stop_example_is_the_main_jobs_benchmark_on_two_servers() -> None:
-    # docs/benchmarks.md, "The draft's confidence stop": endpoints mode, the main job's
-    # benchmark settings, and the two serve commands in its header differ only in the stop.
-    from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
-
-    path = EXAMPLES / "confidence-stop-ab.yaml"
+def _two_server_example(name: str) -> tuple[Any, str]:
+    """An endpoints-mode example's config, checked to run the main job's benchmark settings,
+    and its header comment as one line (continuations joined)."""
+    path = EXAMPLES / name
     cfg, main = load_config(path), load_config(None)
     assert cfg.endpoints is not None and cfg.servers is None
     assert cfg.benchmark.suites == main.benchmark.suites
@@ -114,6 +113,15 @@ def test_confidence_stop_example_is_the_main_jobs_benchmark_on_two_servers() -> 
         for line in path.read_text().splitlines()
         if line.startswith("#")
     )
+    return cfg, header
+
+
+def test_confidence_stop_example_is_the_main_jobs_benchmark_on_two_servers() -> None:
+    # docs/benchmarks.md, "The draft's confidence stop": endpoints mode, the main job's
+    # benchmark settings, and the two serve commands in its header differ only in the stop.
+    from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
+
+    cfg, header = _two_server_example("confidence-stop-ab.yaml")
     off, on = header.split("specserve serve ")[1:3]
     on = on.split(" then:")[0]
     assert "--draft-confidence-threshold 0 " in off and "--draft-confidence-threshold" not in on
@@ -128,17 +136,7 @@ def test_code_ab_example_serves_the_same_command_from_two_checkouts() -> None:
     # docs/benchmarks.md, "Inline constants": endpoints mode with the main job's benchmark
     # settings; the two serve commands of its header are one command, the first run from an
     # earlier commit's sources, each on its arm's port.
-    path = EXAMPLES / "code-ab.yaml"
-    cfg, main = load_config(path), load_config(None)
-    assert cfg.endpoints is not None and cfg.servers is None
-    assert cfg.benchmark.suites == main.benchmark.suites
-    for field in ("concurrency", "num_requests", "warmup_requests", "max_tokens", "endpoint"):
-        assert getattr(cfg.benchmark, field) == getattr(main.benchmark, field), field
-    header = " ".join(
-        line.lstrip("#").strip().rstrip("\\").strip()
-        for line in path.read_text().splitlines()
-        if line.startswith("#")
-    )
+    cfg, header = _two_server_example("code-ab.yaml")
     base, new = header.split("specserve serve ")[1:3]
     assert "PYTHONPATH=../specserve-base/src specserve serve" in header
     assert base.split("--port")[0] == new.split("--port")[0]

@@ -54,14 +54,8 @@ def test_pack_layout_and_padding(inline: bool) -> None:
     weight = _weight(n, k, gs)
     packed = pack(weight, inline_constants=inline)
     assert packed.inline_constants is inline
-    if inline:  # per group: 4 code blocks, then the group's constants block
+    if inline:  # the same codes and constants as the layout with the constants apart
         assert packed.qweight.shape == (2, k // 8 + k // gs, 64) and packed.scales.numel() == 0
-        grouped = packed.qweight.view(2, k // gs, gs // 8 + 1, 64)
-        assert torch.equal(grouped[:, :, : gs // 8].reshape(2, k // 8, 64), packed.code_blocks())
-        assert torch.equal(
-            grouped[:, :, gs // 8].view(torch.float16).view(2, k // gs, 2, 16),
-            packed.constants(),
-        )
         split = pack(weight, inline_constants=False)
         assert torch.equal(packed.code_blocks(), split.qweight)
         assert torch.equal(packed.constants(), split.scales)
@@ -230,35 +224,23 @@ def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int, inline: bool) ->
 
 
 @native
-def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefetching the next tiles in one sweep (the default) or each tile's stream on its own
-    (SPECSERVE_SWEEP_PREFETCH=0) moves reads only: the 2- and 3-row kernels that use it, the
-    last tiles that cannot and the other row counts give the same bits either way."""
+@pytest.mark.parametrize("switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH"])
+def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
+    """Where the kernels prefetch moves reads only: the sweep of the 2- and 3-row kernels, on
+    (the default) or off, and the distance of the one-tile runs (4 or more rows, the last
+    tiles of fewer), far (the default) or as the others', give the same bits on every path,
+    in both layouts."""
     gen = torch.Generator().manual_seed(5)
     for (n, k, gs), inline in itertools.product(
         ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)), (True, False)
     ):
         packed = pack(_random_codes_weight(n, k, gs), inline_constants=inline)
-        for m in (1, 2, 3, 5):
+        for m in (1, 2, 3, 4, 5, 9):
             x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
-            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")
-            sweep = matmul(x, packed)
-            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "0")
-            assert torch.equal(sweep, matmul(x, packed)), (n, k, m)
-
-
-@native
-def test_one_tile_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one-tile runs (4 or more rows, the last tiles of fewer) prefetch further ahead by
-    default; SPECSERVE_ONE_TILE_PREFETCH=0 restores the shorter distance. Only reads move."""
-    gen = torch.Generator().manual_seed(8)
-    packed = pack(_random_codes_weight(16 * 29 + 9, 1536, 32))
-    for m in (1, 4, 5, 9):
-        x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)
-        monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "1")
-        far = matmul(x, packed)
-        monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "0")
-        assert torch.equal(far, matmul(x, packed)), m
+            monkeypatch.setenv(switch, "1")
+            on = matmul(x, packed)
+            monkeypatch.setenv(switch, "0")
+            assert torch.equal(on, matmul(x, packed)), (n, k, inline, m)
 
 
 @native

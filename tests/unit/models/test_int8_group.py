@@ -99,12 +99,8 @@ def test_pack_layout_and_padding(inline: bool) -> None:
     weight = _weight(n, k, gs, kind="shifted")
     packed = pack(weight, inline_constants=inline)
     assert packed.inline_constants is inline
-    if inline:  # per group: 4 code blocks, then the group's constants block
+    if inline:  # the same codes and constants as the layout with the constants apart
         assert packed.qweight.shape == (2, k // 4 + k // gs, 64) and packed.scales.numel() == 0
-        grouped = packed.qweight.view(2, k // gs, gs // 4 + 1, 64)
-        assert torch.equal(grouped[:, :, : gs // 4].reshape(2, k // 4, 64), packed.code_blocks())
-        constants = grouped[:, :, gs // 4].view(torch.float16).view(2, k // gs, 2, 16)
-        assert torch.equal(constants, packed.constants())
         split = pack(weight, inline_constants=False)
         assert torch.equal(packed.code_blocks(), split.qweight)
         assert torch.equal(packed.constants(), split.scales)
@@ -297,36 +293,22 @@ def test_sixteen_and_eight_lane_kernels_agree_bit_for_bit(monkeypatch: pytest.Mo
 
 
 @native
-def test_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPECSERVE_SWEEP_PREFETCH moves reads only, in the 16- and the 8-lane kernels: the
-    two-tile (2-row) path, the others and a ragged last tile give the same bits with the
-    sweep on and off."""
+@pytest.mark.parametrize("switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH"])
+def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
+    """Where the kernels prefetch moves reads only, in the 16- and the 8-lane kernels and both
+    layouts: the sweep of the two-tile (2-row) path, on or off, and the distance of the
+    one-tile runs (4 or more rows, the last tiles), far or as the others', give the same bits
+    on every path and a ragged last tile."""
     gen = torch.Generator().manual_seed(6)
     for lanes, inline in itertools.product(("1", "0"), (True, False)):
         packed = pack(_weight(16 * 21 + 5, 1536, 16, seed=7), inline_constants=inline)
         monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
-        for m in (1, 2, 3, 9):
+        for m in (1, 2, 3, 4, 5, 9):
             x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)
-            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")
-            sweep = matmul(x, packed)
-            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "0")
-            assert torch.equal(sweep, matmul(x, packed)), (lanes, m)
-
-
-@native
-def test_one_tile_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one-tile runs prefetch further ahead by default, or at the shorter distance with
-    SPECSERVE_ONE_TILE_PREFETCH=0, in the 16- and the 8-lane kernels: the same bits."""
-    gen = torch.Generator().manual_seed(9)
-    packed = pack(_weight(16 * 21 + 5, 1536, 16))
-    for lanes in ("1", "0"):
-        monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
-        for m in (1, 4, 5, 9):
-            x = (torch.randn(m, 1536, generator=gen) * 3).to(torch.bfloat16)
-            monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "1")
-            far = matmul(x, packed)
-            monkeypatch.setenv("SPECSERVE_ONE_TILE_PREFETCH", "0")
-            assert torch.equal(far, matmul(x, packed)), (lanes, m)
+            monkeypatch.setenv(switch, "1")
+            on = matmul(x, packed)
+            monkeypatch.setenv(switch, "0")
+            assert torch.equal(on, matmul(x, packed)), (lanes, inline, m)
 
 
 @native

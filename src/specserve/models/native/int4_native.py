@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -64,7 +65,7 @@ _INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @dataclass
-class Int4Packed:
+class Int4Packed(tile_stream.PackedTiles):
     """An :class:`Int4Weight` in the native kernel's layout (plain CPU tensors: module buffers).
 
     With ``Np = N`` rounded up to a multiple of 16 (padding rows are zero and never written
@@ -98,6 +99,8 @@ class Int4Packed:
         inline_constants: whether the constants are inline (``scales`` is empty).
     """
 
+    BLOCK_K: ClassVar[int] = BLOCK_K
+
     qweight: torch.Tensor
     scales: torch.Tensor
     row_scale: torch.Tensor
@@ -119,20 +122,6 @@ class Int4Packed:
         if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
             raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
         self.in_features = k
-
-    def code_blocks(self) -> torch.Tensor:
-        """The code blocks alone, ``# [Np / 16, K / 8, 64] uint8`` (a copy when the
-        constants are inline)."""
-        if not self.inline_constants:
-            return self.qweight
-        return tile_stream.code_blocks(self.qweight, self.group_size, BLOCK_K)
-
-    def constants(self) -> torch.Tensor:
-        """Per tile and group the 16 scales, then the 16 midpoints,
-        ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
-        if not self.inline_constants:
-            return self.scales
-        return tile_stream.constants(self.qweight, self.group_size, BLOCK_K)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, scales, row scales)."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -78,7 +78,7 @@ class GroupWeight(Protocol):
 
 
 @dataclass
-class Int8Packed:
+class Int8Packed(tile_stream.PackedTiles):
     """An int8-group weight in the native kernel's layout (plain CPU tensors: module buffers).
 
     With ``Np = N`` rounded up to a multiple of 16 (padding rows are zero and never written
@@ -106,6 +106,8 @@ class Int8Packed:
         inline_constants: whether the constants are inline (``scales`` is empty).
     """
 
+    BLOCK_K: ClassVar[int] = BLOCK_K
+
     qweight: torch.Tensor
     scales: torch.Tensor
     row_scale: torch.Tensor
@@ -127,19 +129,6 @@ class Int8Packed:
         if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
             raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
         self.in_features = k
-
-    def code_blocks(self) -> torch.Tensor:
-        """The code blocks alone, ``# [Np / 16, K / 4, 64] int8`` (a copy when inline)."""
-        if not self.inline_constants:
-            return self.qweight
-        return tile_stream.code_blocks(self.qweight, self.group_size, BLOCK_K)
-
-    def constants(self) -> torch.Tensor:
-        """Per tile and group the 16 scales, then the 16 offsets,
-        ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
-        if not self.inline_constants:
-            return self.scales
-        return tile_stream.constants(self.qweight, self.group_size, BLOCK_K)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, scales, row scales)."""

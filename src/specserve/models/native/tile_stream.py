@@ -13,11 +13,13 @@ same for both; only where they read the constants differs. With the constants in
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 from specserve.models.native import huge_pages
 
-__all__ = ["TILE_ROWS", "allocate", "code_blocks", "constants", "layout_k"]
+__all__ = ["TILE_ROWS", "PackedTiles", "allocate", "code_blocks", "constants", "layout_k"]
 
 TILE_ROWS = 16  # output rows per tile
 BLOCK_BYTES = 64
@@ -93,3 +95,29 @@ def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Ten
     bpg = group_size // block_k
     block = qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES)[:, :, bpg]
     return block.view(torch.float16).view(qweight.shape[0], -1, 2, TILE_ROWS)
+
+
+class PackedTiles:
+    """What the packed int4 and int8-group weights share: their code blocks and constants
+    whichever the layout. Subclasses are dataclasses with ``qweight``, ``scales``,
+    ``group_size`` and ``inline_constants``, and set ``BLOCK_K``."""
+
+    BLOCK_K: ClassVar[int]
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    group_size: int
+    inline_constants: bool
+
+    def code_blocks(self) -> torch.Tensor:
+        """The code blocks alone, ``# [Np / 16, K / BLOCK_K, 64]`` (a copy when the constants
+        are inline)."""
+        if not self.inline_constants:
+            return self.qweight
+        return code_blocks(self.qweight, self.group_size, self.BLOCK_K)
+
+    def constants(self) -> torch.Tensor:
+        """Per tile and group the 16 rows' first constants, then their second ones,
+        ``# [Np / 16, K / G, 2, 16] fp16`` (a view into ``qweight`` when inline)."""
+        if not self.inline_constants:
+            return self.scales
+        return constants(self.qweight, self.group_size, self.BLOCK_K)

@@ -22,10 +22,11 @@
 //             give words 0x4300 | q = bf16(128 + q), laid out so that 32-bit lane i of the
 //             c-th vector holds the pair (128 + q[i, k0 + 2c], 128 + q[i, k0 + 2c + 1]):
 //             exactly the operand vdpbf16ps wants, one output row per fp32 lane.
-//   scales    fp16    [Np / 16, K / G, 2, 16] or empty (inline)  per tile and group: 16 scales s, then 16
-//             midpoints c = minimum + 7.5 s (w = (q - 7.5) s + c: the midpoint is small for
-//             centred groups, so its fp16 rounding costs less than the minimum's would), both
-//             divided by the row's power-of-two row_scale (fp16 range whatever the weights).
+//   scales    fp16    [Np / 16, K / G, 2, 16], or empty with the constants inline: per tile
+//             and group 16 scales s, then 16 midpoints c = minimum + 7.5 s (w = (q - 7.5) s + c:
+//             the midpoint is small for centred groups, so its fp16 rounding costs less than
+//             the minimum's would), both divided by the row's power-of-two row_scale (fp16
+//             range whatever the weights).
 //   row_scale fp32    [Np]
 //
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
@@ -163,7 +164,8 @@ inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
 // steps with and without it alternating in one process; on the Intel hosts measured before,
 // it made no difference for 1 row).
 // The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
-// simd.h).
+// simd.h). kInline: each group's constants are the block after its codes in the tile's stream,
+// else in p.scales.
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
@@ -378,7 +380,7 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
 // outermost, so consecutive FMAs of one accumulator are 2 * NT * NH * MR FMAs apart (8 or
 // more: the 4-cycle FMA latency is hidden in program order, not left to the out-of-order
 // window); each (tile, half, c) re-derives its words from the block (an L1 load) so that only
-// the accumulators stay live.
+// the accumulators stay live. kInline as in the AVX-512 kernel.
 template <int NT, int NH, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F);

@@ -19,9 +19,9 @@
 //             Byte h*32 + c*8 + r (h in 0..1, c in 0..3, r in 0..7) is code[8h + r, k0 + c]:
 //             vpmovsxbd of the 8 bytes at h*32 + c*8 gives input c's codes of the tile's
 //             half h (rows 8h .. 8h + 7), one row per 32-bit lane.
-//   scales    fp16    [Np / 16, K / G, 2, 16] or empty (inline)  per tile and group: the 16 rows' scales, then
-//             their 16 offsets, both divided by the row's power-of-two row_scale (fp16 range
-//             whatever the weights' magnitude).
+//   scales    fp16    [Np / 16, K / G, 2, 16], or empty with the constants inline: per tile
+//             and group the 16 rows' scales, then their 16 offsets, both divided by the row's
+//             power-of-two row_scale (fp16 range whatever the weights' magnitude).
 //   row_scale fp32    [Np]
 // Np is N rounded up to 16 (padding rows are zero and never written out); G is a multiple of 4
 // dividing K.
@@ -158,7 +158,8 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
 }
 
 // Step each tile's stream to its next 64-byte block, prefetching the sweep's next lines or,
-// without one, kPrefetch bytes ahead in each stream (sweep_start in simd.h).
+// without one, kPrefetch bytes ahead in each stream (p.one_tile_distance when one tile is read
+// at a time; sweep_start and one_tile_prefetch in simd.h).
 template <int NT>
 inline void next_block(const Problem& p, const int8_t* (&w)[NT], const char*& ahead) {
 #pragma GCC unroll 16
@@ -183,7 +184,8 @@ inline __m256 codes_f32(const int8_t* block, int64_t offset) {
 
 // Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
 // m0: the canonical arithmetic above. The loop over the 4 inputs c of a block is outermost, so
-// consecutive FMAs of one chain are NT * NH * MR FMAs apart.
+// consecutive FMAs of one chain are NT * NH * MR FMAs apart. kInline: each group's constants
+// are the block after its codes in the tile's stream, else in p.scales.
 template <int NT, int NH, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const int64_t tile_bytes = p.tile_bytes;
