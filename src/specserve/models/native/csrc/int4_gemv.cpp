@@ -81,10 +81,10 @@ constexpr int64_t kMaxRows = 5;     // rows of x per register block
 constexpr int64_t kMaxRows = 8;     // rows of x per register block
 constexpr int64_t kPrefetch = 1024; // bytes ahead in each tile's stream (several tiles at once)
 // Bytes ahead when one tile is read at a time (4 or more rows): the lines in flight bound what
-// memory delivers, and 1024 bytes (16 lines) left these compute-heavy kernels 1.3 - 1.6x
-// slower on a Zen 5 host (matmuls of 4 - 8 rows, weights read from memory); 6144 was at least
-// as fast as 4096 and 8192 there (a distance of exactly 4096 was much slower in the int8
-// kernel).
+// memory delivers, and 1024 bytes (16 lines) left these compute-heavy kernels up to 1.5x
+// slower on a Zen 5 host (matmuls of 4 - 8 rows from memory, docs/benchmarks.md; 6144 was
+// chosen from trial builds at 3 - 8 KiB, where exactly 4096 was much slower in the int8
+// kernel). SPECSERVE_ONE_TILE_PREFETCH=0 restores kPrefetch (one_tile_prefetch in simd.h).
 constexpr int64_t kPrefetchOneTile = 6144;
 #endif
 

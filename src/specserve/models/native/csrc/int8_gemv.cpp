@@ -71,8 +71,8 @@ constexpr int64_t kMaxRows = 8;     // rows of x per register block
 // and without it alternating in one process).
 constexpr int64_t kPrefetch = 2048;
 // Bytes ahead when one tile is read at a time (4 or more rows, and the last tiles): more lines
-// in flight. On the same host, matmuls of 4 - 8 rows from memory ran 5 - 20 % faster with 6144
-// than with 2048, and much slower with exactly 4096 (the same offset within a page).
+// in flight. On the same host, matmuls of 5 - 8 rows from memory ran 9 - 22 % faster with 6144
+// than with 2048 (docs/benchmarks.md), and much slower with exactly 4096 in a trial build.
 constexpr int64_t kPrefetchOneTile = 6144;
 
 #ifdef SPECSERVE_INT8_AVX2
