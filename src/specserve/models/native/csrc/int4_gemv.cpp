@@ -632,12 +632,8 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                  static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
                  group_size, bits};
   w.inline_constants = inline_constants;
+  w.tile_bytes = qweight.size(1) * kBlockBytes;
   return w;
-}
-
-PackedWeight packed_weight(const Tensor& qweight, const Tensor& scales, const Tensor& row_scale,
-                           int64_t out_features, int64_t group_size, const char* what) {
-  return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what, 4);
 }
 
 #ifdef SPECSERVE_INT4_NO_ISA
@@ -693,7 +689,7 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;
   p.inline_constants = w.inline_constants;
-  p.tile_bytes = (K / kBlockK + (w.inline_constants ? ngroups : 0)) * kBlockBytes;
+  p.tile_bytes = w.tile_bytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
@@ -745,8 +741,8 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   const ScalarType xt = x_in.scalar_type();
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
                   "int4_gemm: x must be bf16 or fp32");
-  const PackedWeight w = specserve_native::packed_weight(qweight, scales, row_scale,
-                                                         out_features, group_size, "int4_gemm");
+  const PackedWeight w = specserve_native::tile_packed_weight(
+      qweight, scales, row_scale, out_features, group_size, "int4_gemm", 4);
   STD_TORCH_CHECK(x_in.size(1) == w.K, "int4_gemm: x has ", x_in.size(1), " inputs, weight ",
                   w.K);
   Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);

@@ -21,6 +21,7 @@ struct PackedWeight {
   // Each group's [2, 16] fp16 constants follow its code blocks in the tile's stream (one more
   // 64-byte block per group) instead of living in `scales`.
   bool inline_constants = false;
+  int64_t tile_bytes = 0;  // bytes of one tile in qweight (its blocks times 64)
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8
@@ -30,13 +31,6 @@ PackedWeight tile_packed_weight(const torch::stable::Tensor& qweight,
                                 const torch::stable::Tensor& scales,
                                 const torch::stable::Tensor& row_scale, int64_t out_features,
                                 int64_t group_size, const char* what, int bits);
-
-// Checks dtype, shape and contiguity of the three packed int4 tensors (what: the caller's name for
-// the weight, in the error message) and returns their pointers.
-PackedWeight packed_weight(const torch::stable::Tensor& qweight,
-                           const torch::stable::Tensor& scales,
-                           const torch::stable::Tensor& row_scale, int64_t out_features,
-                           int64_t group_size, const char* what);
 
 // out[M, N] = x[M, K] @ w.T with x contiguous bf16; out bf16 (or fp32 when out_f32), row
 // stride N. Splits N over torch's intra-op threads; the arithmetic of a row never depends on

@@ -469,21 +469,14 @@ namespace specserve_native {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-PackedWeight int8_packed_weight(const Tensor& qweight, const Tensor& scales,
-                                const Tensor& row_scale, int64_t out_features, int64_t group_size,
-                                const char* what) {
-  return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what, 8);
-}
-
 PackedWeight quant_packed_weight(const Tensor& qweight, const Tensor& scales,
                                  const Tensor& row_scale, int64_t out_features,
                                  int64_t group_size, const char* what) {
   const ScalarType t = qweight.scalar_type();
   STD_TORCH_CHECK(t == ScalarType::Byte || t == ScalarType::Char, what,
                   ": qweight must be uint8 (int4 layout) or int8 (int8-group layout)");
-  return t == ScalarType::Char
-             ? int8_packed_weight(qweight, scales, row_scale, out_features, group_size, what)
-             : packed_weight(qweight, scales, row_scale, out_features, group_size, what);
+  return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what,
+                            t == ScalarType::Char ? 8 : 4);
 }
 
 void quant_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
@@ -531,7 +524,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;
   p.inline_constants = w.inline_constants;
-  p.tile_bytes = (K / kBlockK + (w.inline_constants ? ngroups : 0)) * kBlockBytes;
+  p.tile_bytes = w.tile_bytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
@@ -546,10 +539,10 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #ifdef __AVX512F__
     if (wide) {
       if (p.inline_constants) {
-      run_range16<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
-    } else {
-      run_range16<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
-    }
+        run_range16<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      } else {
+        run_range16<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      }
       return;
     }
 #endif
@@ -580,8 +573,8 @@ Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   const ScalarType xt = x_in.scalar_type();
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
                   "int8_gemm: x must be bf16 or fp32");
-  const PackedWeight w = specserve_native::int8_packed_weight(
-      qweight, scales, row_scale, out_features, group_size, "int8_gemm");
+  const PackedWeight w = specserve_native::tile_packed_weight(
+      qweight, scales, row_scale, out_features, group_size, "int8_gemm", 8);
   STD_TORCH_CHECK(x_in.size(1) == w.K, "int8_gemm: x has ", x_in.size(1), " inputs, weight ",
                   w.K);
   Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);

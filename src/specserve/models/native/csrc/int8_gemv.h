@@ -11,13 +11,6 @@
 
 namespace specserve_native {
 
-// Checks dtype, shape and contiguity of the three packed int8-group tensors (what: the
-// caller's name for the weight, in the error message) and returns their pointers (bits 8).
-PackedWeight int8_packed_weight(const torch::stable::Tensor& qweight,
-                                const torch::stable::Tensor& scales,
-                                const torch::stable::Tensor& row_scale, int64_t out_features,
-                                int64_t group_size, const char* what);
-
 // out[M, N] = x[M, K] @ w.T for an int8-group weight (bits 8), x contiguous bf16; out bf16
 // (or fp32 when out_f32), row stride N. Splits N over torch's intra-op threads; the
 // arithmetic of a row never depends on M or the split.
@@ -26,7 +19,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 // Whether this CPU runs the int8-group kernel (AVX2 + FMA + F16C).
 bool int8_cpu_supported();
 
-// packed_weight for a uint8 qweight (int4 layout), int8_packed_weight for an int8 one.
+// tile_packed_weight with bits 4 for a uint8 qweight (int4 layout), 8 for an int8 one.
 PackedWeight quant_packed_weight(const torch::stable::Tensor& qweight,
                                  const torch::stable::Tensor& scales,
                                  const torch::stable::Tensor& row_scale, int64_t out_features,

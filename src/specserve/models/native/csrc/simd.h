@@ -1,6 +1,6 @@
 // Eight-lane fp32 helpers (AVX2 + FMA + F16C) shared by the native ops: bf16 loads and
-// stores with the rounding torch uses, a fixed-order horizontal sum, and e^x; and the sweep
-// prefetch of the int4 and int8 group matmuls. Every kernel of
+// stores with the rounding torch uses, a fixed-order horizontal sum, and e^x; and the prefetch
+// switches and sweep of the int4 and int8 group matmuls. Every kernel of
 // the library needs at least these instructions (build.py checks the CPU flags before it
 // compiles), so the elementwise parts of a layer run the same code on AVX2 and AVX-512 CPUs.
 #pragma once
