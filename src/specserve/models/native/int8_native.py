@@ -107,6 +107,7 @@ class Int8Packed(tile_stream.PackedTiles):
     """
 
     BLOCK_K: ClassVar[int] = BLOCK_K
+    CODE_DTYPE: ClassVar[torch.dtype] = torch.int8
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -115,26 +116,6 @@ class Int8Packed(tile_stream.PackedTiles):
     group_size: int
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        q, s, r = self.qweight, self.scales, self.row_scale
-        if q.dtype != torch.int8 or q.dim() != 3 or q.shape[2] != 64:
-            raise ValueError(
-                f"qweight must be int8 [Np/16, K/4 (+ K/G), 64], got {q.dtype} {q.shape}"
-            )
-        tiles = q.shape[0]
-        k, self.inline_constants = tile_stream.layout_k(q, s, self.group_size, BLOCK_K)
-        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
-            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
-            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
-        self.in_features = k
-
-    def nbytes(self) -> int:
-        """Bytes a matmul reads from the weight (codes, scales, row scales)."""
-        return sum(
-            t.numel() * t.element_size() for t in (self.qweight, self.scales, self.row_scale)
-        )
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:

@@ -98,15 +98,44 @@ def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Ten
 
 
 class PackedTiles:
-    """What the packed int4 and int8-group weights share: their code blocks and constants
-    whichever the layout. Subclasses are dataclasses with ``qweight``, ``scales``,
-    ``group_size`` and ``inline_constants``, and set ``BLOCK_K``."""
+    """What the packed int4 and int8-group weights share: the checks of their tensors, their
+    code blocks and constants whichever the layout, and their size. Subclasses are dataclasses
+    with ``qweight``, ``scales``, ``row_scale``, ``out_features`` and ``group_size`` (and
+    ``in_features`` and ``inline_constants``, derived here), and set ``BLOCK_K`` and
+    ``CODE_DTYPE``."""
 
     BLOCK_K: ClassVar[int]
+    CODE_DTYPE: ClassVar[torch.dtype]
     qweight: torch.Tensor
     scales: torch.Tensor
+    row_scale: torch.Tensor
+    out_features: int
     group_size: int
+    in_features: int
     inline_constants: bool
+
+    def __post_init__(self) -> None:
+        q, r = self.qweight, self.row_scale
+        if q.dtype != self.CODE_DTYPE or q.dim() != 3 or q.shape[2] != BLOCK_BYTES:
+            code = str(self.CODE_DTYPE).removeprefix("torch.")
+            raise ValueError(
+                f"qweight must be {code} [Np/16, K/{self.BLOCK_K} (+ K/G), 64], "
+                f"got {q.dtype} {q.shape}"
+            )
+        tiles = q.shape[0]
+        self.in_features, self.inline_constants = layout_k(
+            q, self.scales, self.group_size, self.BLOCK_K
+        )
+        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
+            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
+        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
+            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+
+    def nbytes(self) -> int:
+        """Bytes a matmul reads from the weight (codes, constants, row scales)."""
+        return sum(
+            t.numel() * t.element_size() for t in (self.qweight, self.scales, self.row_scale)
+        )
 
     def code_blocks(self) -> torch.Tensor:
         """The code blocks alone, ``# [Np / 16, K / BLOCK_K, 64]`` (a copy when the constants
