@@ -133,8 +133,6 @@ def _layout_setter(model: torch.nn.Module) -> Callable[[str], None]:
     second time with its constants apart, from the same codes and constants; the returned
     function puts the model on the inline ("1", as loaded) or the apart ("0") packing."""
     from specserve.models.native import fused_layer
-    from specserve.models.native.int4_native import Int4Packed
-    from specserve.models.native.int8_native import Int8Packed
     from specserve.models.quant.int8_group import Int8GroupLinear
     from specserve.models.quant.layers import Int4Linear
 
@@ -147,11 +145,16 @@ def _layout_setter(model: torch.nn.Module) -> Callable[[str], None]:
         raise SystemExit("--switch layout needs the native kernels with inline constants")
     packs: dict[str, list[object]] = {"1": [m.native for m in linears], "0": []}
     for m in linears:
-        p, kind = m.native, Int4Packed if isinstance(m, Int4Linear) else Int8Packed
-        split = kind(
-            p.code_blocks(), p.constants().contiguous(), p.row_scale, p.out_features, p.group_size
+        p = m.native
+        packs["0"].append(
+            type(p)(
+                p.code_blocks(),
+                p.constants().contiguous(),
+                p.row_scale,
+                p.out_features,
+                p.group_size,
+            )
         )
-        packs["0"].append(split)
     layers = list(model.model.layers)
     fused: dict[str, list[object]] = {"1": [layer.fused for layer in layers]}
     for m, split in zip(linears, packs["0"], strict=True):
