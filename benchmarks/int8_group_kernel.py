@@ -2,7 +2,8 @@
 
 For two Qwen2.5-Coder-1.5B shapes, the MLP down projection (N = 1536, K = 8960) and the LM head
 (N = 151936, K = 1536), the time of one ``specserve::int8_gemm`` call (group size 16, the
-GGUF K-quants' sub-block) and of one ``specserve::int4_gemm`` call (group size 32) at
+GGUF K-quants' sub-block) with byte codes and with six-bit codes (codes in -32 .. 31, as
+Q6_K's are packed), and of one ``specserve::int4_gemm`` call (group size 32) at
 M = 1, 2, 5, 8 and 16 rows, and the weight bytes each call reads (packed codes + fp16 scales)
 per second. Each timing rotates over enough weight copies (~100 MB) that reads come from
 memory, not from the last-level cache, as in real decoding; best of 3.
@@ -26,6 +27,7 @@ settings give identical logits.
     python benchmarks/int8_group_kernel.py --part step --switch sweep --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch layout --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
 
 Run it alone on the machine: it measures memory bandwidth.
 """
@@ -45,11 +47,14 @@ ROTATE_BYTES = 100e6
 
 
 class _Weight:
-    """Random codes with group scales and offsets (the shape of an Int8GroupWeight)."""
+    """Random codes with group scales and offsets (the shape of an Int8GroupWeight): bytes in
+    -128 .. 127, or with ``six_bit`` in -32 .. 31 (packed in six bits, as Q6_K's are)."""
 
-    def __init__(self, n: int, k: int, gen: torch.Generator) -> None:
+    def __init__(self, n: int, k: int, gen: torch.Generator, six_bit: bool = False) -> None:
         self.group_size = INT8_GROUP
         self.codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+        if six_bit:
+            self.codes >>= 2
         self.scale = torch.rand(n, k // INT8_GROUP, generator=gen) * 1e-3 + 1e-4
         self.offset = torch.randn(n, k // INT8_GROUP, generator=gen) * 1e-3
 
@@ -89,12 +94,17 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
     with_int4 = with_int4 and int4_native.available()
     gen = torch.Generator().manual_seed(0)
     print(f"threads: {torch.get_num_threads()}")
-    print("| shape | N x K | M | int8 G=16 ms | int8 GB/s | int4 G=32 ms | int4 GB/s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| shape | N x K | M | int8 G=16 ms | int8 GB/s | six-bit G=16 ms | six-bit GB/s "
+        "| int4 G=32 ms | int4 GB/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in shapes:
         n, k = SHAPES[name]
         copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k)))
         int8_packed = [int8_native.pack(_Weight(n, k, gen)) for _ in range(copies)]
+        six_copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k * 3 // 4)))
+        six_packed = [int8_native.pack(_Weight(n, k, gen, True)) for _ in range(six_copies)]
         int4_packed = []
         if with_int4:
             int4_copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k // 2)))
@@ -103,15 +113,18 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             t8 = _best(lambda p, x=x: int8_native.matmul(x, p), int8_packed, budget_s)
             gb8 = int8_packed[0].nbytes() / t8 / 1e9
+            t6 = _best(lambda p, x=x: int8_native.matmul(x, p), six_packed, budget_s)
+            six_cols = f"{t6 * 1e3:.3f} | {six_packed[0].nbytes() / t6 / 1e9:.1f}"
             int4_cols = "- | -"
             if int4_packed:
                 t4 = _best(lambda p, x=x: int4_native.matmul(x, p), int4_packed, budget_s)
                 int4_cols = f"{t4 * 1e3:.3f} | {int4_packed[0].nbytes() / t4 / 1e9:.1f}"
             print(
-                f"| {name} | {n} x {k} | {m} | {t8 * 1e3:.3f} | {gb8:.1f} | {int4_cols} |",
+                f"| {name} | {n} x {k} | {m} | {t8 * 1e3:.3f} | {gb8:.1f} | {six_cols} "
+                f"| {int4_cols} |",
                 flush=True,
             )
-        del int8_packed, int4_packed
+        del int8_packed, six_packed, int4_packed
 
 
 # --part step's switches: what is switched (an environment variable, or "layout": the packed
@@ -120,6 +133,7 @@ SWITCHES = {
     "lanes": ("SPECSERVE_INT8_AVX512", "16 lanes", "8 lanes"),
     "sweep": ("SPECSERVE_SWEEP_PREFETCH", "sweep prefetch", "per-tile prefetch"),
     "layout": ("layout", "constants inline", "constants apart"),
+    "codes": ("codes", "six-bit codes", "byte codes"),
     "distance": (
         "SPECSERVE_ONE_TILE_PREFETCH",
         "one-tile runs 6 KiB ahead",
@@ -128,10 +142,34 @@ SWITCHES = {
 }
 
 
-def _layout_setter(model: torch.nn.Module) -> Callable[[str], None]:
+def _byte_codes(p):  # type: ignore[no-untyped-def]  # an Int8Packed
+    """A six-bit packed weight again with byte codes, constants inline (other weights as
+    they are): the same codes and constants."""
+    from specserve.models.native import tile_stream
+
+    if getattr(p, "code_bits", 8) == 8:
+        return p
+    tiles, ngroups, gs = p.qweight.shape[0], p.qweight.shape[1], p.group_size
+    qweight, scales, codes, constants = tile_stream.allocate(
+        tiles, p.in_features, gs, 4, torch.int8, True
+    )
+    codes.copy_(p.code_blocks().view(tiles, ngroups, gs // 4, 64))
+    constants.copy_(p.constants())
+    return type(p)(qweight, scales, p.row_scale, p.out_features, gs)
+
+
+def _apart(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed
+    """``p`` with its constants apart (byte codes): the same codes and constants."""
+    return type(p)(
+        p.code_blocks(), p.constants().contiguous(), p.row_scale, p.out_features, p.group_size
+    )
+
+
+def _layout_setter(model: torch.nn.Module, switch: str) -> Callable[[str], None]:
     """Packs every native projection of ``model`` (the fused layers' and the LM head's) a
-    second time with its constants apart, from the same codes and constants; the returned
-    function puts the model on the inline ("1", as loaded) or the apart ("0") packing."""
+    second time, from the same codes and constants: with the constants apart (``layout``) or
+    with byte codes where they are six-bit (``codes``); the returned function puts the model on
+    the packing as loaded ("1") or the other one ("0")."""
     from specserve.models.native import fused_layer
     from specserve.models.quant.int8_group import Int8GroupLinear
     from specserve.models.quant.layers import Int4Linear
@@ -142,25 +180,20 @@ def _layout_setter(model: torch.nn.Module) -> Callable[[str], None]:
         if isinstance(m, Int4Linear | Int8GroupLinear) and m.native is not None
     ]
     if not linears or not all(m.native.inline_constants for m in linears):
-        raise SystemExit("--switch layout needs the native kernels with inline constants")
-    packs: dict[str, list[object]] = {"1": [m.native for m in linears], "0": []}
-    for m in linears:
-        p = m.native
-        packs["0"].append(
-            type(p)(
-                p.code_blocks(),
-                p.constants().contiguous(),
-                p.row_scale,
-                p.out_features,
-                p.group_size,
-            )
-        )
+        raise SystemExit(f"--switch {switch} needs the native kernels with inline constants")
+    if switch == "codes" and not any(getattr(m.native, "code_bits", 8) == 6 for m in linears):
+        raise SystemExit("--switch codes: no projection has six-bit codes")
+    repack = _apart if switch == "layout" else _byte_codes
+    packs: dict[str, list[object]] = {
+        "1": [m.native for m in linears],
+        "0": [repack(m.native) for m in linears],
+    }
     layers = list(model.model.layers)
     fused: dict[str, list[object]] = {"1": [layer.fused for layer in layers]}
     for m, split in zip(linears, packs["0"], strict=True):
         m.native = split
     if not fused_layer.enable(model):
-        raise SystemExit("--switch layout: the fused layers do not take the apart packing")
+        raise SystemExit(f"--switch {switch}: the fused layers do not take the other packing")
     fused["0"] = [layer.fused for layer in layers]
 
     def put(setting: str) -> None:
@@ -182,7 +215,8 @@ def part_step(rounds: int, switch: str) -> None:
 
     env, on_label, off_label = SWITCHES[switch]
     model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
-    put = _layout_setter(model) if env == "layout" else lambda v: os.environ.__setitem__(env, v)
+    packing = env in ("layout", "codes")
+    put = _layout_setter(model, env) if packing else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
     new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640]
     cache = SingleSequenceCache(model, 256)
@@ -202,7 +236,7 @@ def part_step(rounds: int, switch: str) -> None:
             for setting in ("1", "0"):
                 times[(setting, t)].append(step(setting, t)[0])
     same = all(torch.equal(step("1", t)[1], step("0", t)[1]) for t in sizes)
-    if env == "layout":
+    if packing:
         put("1")
     else:
         os.environ.pop(env)
@@ -234,7 +268,8 @@ def main() -> int:
         choices=list(SWITCHES),
         default="lanes",
         help="--part step: what alternates (the int8 kernel's vector width, how the int4 "
-        "and int8 kernels prefetch, or where their packed weights keep the group constants)",
+        "and int8 kernels prefetch, where their packed weights keep the group constants, or the int8 "
+        "kernel's six-bit or byte codes)",
     )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")

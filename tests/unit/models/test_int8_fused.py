@@ -36,23 +36,25 @@ _PROJ = {
 }
 
 
-def _int8_group(w: torch.Tensor) -> Int8GroupWeight:
-    """Asymmetric 8-bit groups of ``GROUP`` inputs: codes -128..127, offset = the code 0's
-    value."""
+def _int8_group(w: torch.Tensor, bits: int = 8) -> Int8GroupWeight:
+    """Asymmetric groups of ``GROUP`` inputs: codes -128..127 (``bits`` 8) or -32..31 (6,
+    which the kernel packs in six bits, as a Q6_K tensor's), offset = the code 0's value."""
     n, k = w.shape
+    half = 1 << (bits - 1)
     g = w.float().view(n, k // GROUP, GROUP)
     lo, hi = g.amin(-1), g.amax(-1)
-    scale = ((hi - lo) / 255).clamp(min=1e-8)
-    offset = lo + 128 * scale
-    codes = ((g - offset[..., None]) / scale[..., None]).round().clamp(-128, 127)
+    scale = ((hi - lo) / (2 * half - 1)).clamp(min=1e-8)
+    offset = lo + half * scale
+    codes = ((g - offset[..., None]) / scale[..., None]).round().clamp(-half, half - 1)
     return Int8GroupWeight(codes.to(torch.int8).view(n, k), scale, offset, GROUP)
 
 
 def _mixed_model(
-    int8: tuple[str, ...], family: str = "qwen2", int8_head: bool = False
+    int8: tuple[str, ...], family: str = "qwen2", int8_head: bool = False, bits: int = 8
 ) -> DecoderLM:
     """A tiny bf16 model quantised to int4 (group 32), then the projections named in ``int8``
-    (and the LM head with ``int8_head``) replaced by int8-group ones of the float weights."""
+    (and the LM head with ``int8_head``) replaced by int8-group ones of the float weights,
+    with ``bits``-bit codes."""
     tiny = make_tiny_model(family, **SHAPE).to(torch.bfloat16)
     floats = []
     for layer in tiny.model.layers:
@@ -69,11 +71,11 @@ def _mixed_model(
             parent = getattr(layer, parent_name)
             old = getattr(parent, attr)
             assert isinstance(old, Int4Linear)
-            new = Int8GroupLinear(_int8_group(parts[name]), old.bias, torch.bfloat16)
-            assert new.native is not None
+            new = Int8GroupLinear(_int8_group(parts[name], bits), old.bias, torch.bfloat16)
+            assert new.native is not None and new.native.code_bits == bits
             setattr(parent, attr, new)
     if int8_head:
-        model.lm_head = Int8GroupLinear(_int8_group(head), None, torch.bfloat16)  # type: ignore[assignment]
+        model.lm_head = Int8GroupLinear(_int8_group(head, bits), None, torch.bfloat16)  # type: ignore[assignment]
     assert fused_layer.enable(model), fused_layer.why_not(model)
     return model
 
@@ -81,10 +83,13 @@ def _mixed_model(
 MIXES = [("qkv", "down"), ("o", "gate_up"), ("qkv", "o", "gate_up", "down")]
 
 
+@pytest.mark.parametrize("bits", [8, 6])
 @pytest.mark.parametrize("int8", MIXES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_mixed_model_agrees_with_the_eager_layers(family: str, int8: tuple[str, ...]) -> None:
-    fused = _mixed_model(int8, family, int8_head=True)
+def test_mixed_model_agrees_with_the_eager_layers(
+    family: str, int8: tuple[str, ...], bits: int
+) -> None:
+    fused = _mixed_model(int8, family, int8_head=True, bits=bits)
     assert fused_layer.describe(fused) == "native int4_decoder_layer"
     eager = copy.deepcopy(fused)
     fused_layer.disable(eager)
@@ -104,12 +109,16 @@ def test_mixed_model_agrees_with_the_eager_layers(family: str, int8: tuple[str, 
     assert checked >= 10  # of 23 rows
 
 
+@pytest.mark.parametrize("bits", [8, 6])
 @pytest.mark.parametrize("int8", MIXES)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_verify_rows_equal_one_token_steps_bit_for_bit(family: str, int8: tuple[str, ...]) -> None:
+def test_verify_rows_equal_one_token_steps_bit_for_bit(
+    family: str, int8: tuple[str, ...], bits: int
+) -> None:
     """A k + 1-token forward (and the LM head on its rows) gives each row the bits k + 1
-    one-token forwards give, for k + 1 up to 16 (verify steps and prefill chunks)."""
-    model = _mixed_model(int8, family, int8_head=True)
+    one-token forwards give, for k + 1 up to 16 (verify steps and prefill chunks), with byte
+    and with six-bit codes."""
+    model = _mixed_model(int8, family, int8_head=True, bits=bits)
     one = SingleSequenceCache(model, 64)
     one.forward(IDS[:6])
     by_token = torch.cat([one.forward([i]) for i in IDS])

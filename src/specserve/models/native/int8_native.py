@@ -11,6 +11,10 @@ exact, and so is their product) and meet in FMAs; per group
 per-row power-of-two normalisation (~2e-4 relative error on the outputs, well under the bf16
 rounding of the result).
 
+Codes in -32 .. 31 (the K-quants' 4-, 5- and 6-bit codes) travel in six bits: :func:`pack`
+stores them so by default (see :class:`Int8Packed`), 3/4 of the bytes of the byte codes, and
+the kernel unpacks them to the same bytes before the same arithmetic (bit-identical outputs).
+
 Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
 whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
 split the output columns only, with torch's intra-op pool), so a ``k + 1``-row verify gives bit
@@ -40,7 +44,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from specserve.models.native import build, tile_stream
+from specserve.models.native import build, huge_pages, tile_stream
 from specserve.models.native.availability import Availability
 from specserve.models.native.int4_native import tile_constants
 
@@ -48,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BLOCK_K",
+    "SIX_BIT_UNIT_K",
     "TILE_ROWS",
     "GroupWeight",
     "Int8Packed",
@@ -104,6 +109,14 @@ class Int8Packed(tile_stream.PackedTiles):
         group_size: ``G`` (a multiple of 4 dividing ``K``).
         in_features: ``K`` (derived from ``qweight``).
         inline_constants: whether the constants are inline (``scales`` is empty).
+
+    **Six-bit codes** (codes in -32 .. 31, ``G`` a multiple of 16, the constants inline):
+    ``qweight # [Np / 16, K / G, 3 G / 16 + 1, 64] int8`` instead, per tile and group ``G / 16``
+    units of three blocks, then the constants block. A unit holds the codes of the tile's 16
+    rows and 16 inputs ``k0 .. k0 + 15`` as ``u = code + 32``; with ``u_b[16 c + i]`` that of
+    row ``i`` and input ``k0 + 4 b + c``, its blocks are ``L0 = u_0 & 15 | (u_1 & 15) << 4``,
+    ``L1 = u_2 & 15 | (u_3 & 15) << 4`` and ``H = u_0 >> 4 | (u_1 >> 4) << 2 | (u_2 >> 4) << 4
+    | (u_3 >> 4) << 6`` (bytewise). :attr:`code_bits` tells the two apart.
     """
 
     BLOCK_K: ClassVar[int] = BLOCK_K
@@ -117,6 +130,97 @@ class Int8Packed(tile_stream.PackedTiles):
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
 
+    def __post_init__(self) -> None:
+        q = self.qweight
+        if q.dim() != 4:
+            super().__post_init__()
+            return
+        gs, tiles = self.group_size, q.shape[0]
+        if gs <= 0 or gs % SIX_BIT_UNIT_K:
+            raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
+        if q.dtype != torch.int8 or q.shape[2:] != (_unit_blocks(gs) + 1, 64):
+            raise ValueError(
+                f"six-bit qweight must be int8 [Np/16, K/G, {_unit_blocks(gs) + 1}, 64] for "
+                f"group_size {gs}, got {q.dtype} {tuple(q.shape)}"
+            )
+        if self.scales.numel() or self.scales.dtype != torch.float16:
+            raise ValueError("six-bit codes keep their constants inline: scales must be empty fp16")
+        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
+            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
+        if self.row_scale.dtype != torch.float32 or self.row_scale.shape != (tiles * TILE_ROWS,):
+            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+        self.in_features, self.inline_constants = q.shape[1] * gs, True
+
+    @property
+    def code_bits(self) -> int:
+        """6 for six-bit codes, else 8."""
+        return 6 if self.qweight.dim() == 4 else 8
+
+    def code_blocks(self) -> torch.Tensor:
+        """The byte code blocks, ``# [Np / 16, K / 4, 64]`` (six-bit codes: unpacked, a copy)."""
+        if self.code_bits == 8:
+            return super().code_blocks()
+        tiles = self.qweight.shape[0]
+        units = self.qweight[:, :, :-1].reshape(tiles, -1, 3, 64)
+        return _unpack_six_bit(units).reshape(tiles, -1, 64)
+
+    def constants(self) -> torch.Tensor:
+        """As :meth:`PackedTiles.constants` (six-bit codes: a view into ``qweight``)."""
+        if self.code_bits == 8:
+            return super().constants()
+        tiles, ngroups = self.qweight.shape[:2]
+        block = self.qweight[:, :, -1]
+        return block.view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+
+
+SIX_BIT_UNIT_K = 16  # inputs per six-bit unit (three 64-byte blocks)
+
+
+def _unit_blocks(group_size: int) -> int:
+    """Code blocks per group of six-bit codes."""
+    return 3 * group_size // SIX_BIT_UNIT_K
+
+
+def _pack_six_bit(codes: torch.Tensor) -> torch.Tensor:
+    """``codes # [n, K] int8`` in -32 .. 31 (``n`` a multiple of 16, ``K`` of 16) -> the
+    six-bit units, ``# [n / 16, K / 16, 3, 64] int8`` (see :class:`Int8Packed`)."""
+    n, k = codes.shape
+    # row i of tile T, input 16 U + 4 b + c  ->  u_b[16 c + i] of unit U
+    v = codes.view(n // TILE_ROWS, TILE_ROWS, k // SIX_BIT_UNIT_K, 4, 4)  # [T, i, U, b, c]
+    u = (v.permute(0, 2, 3, 4, 1).to(torch.int16) + 32).to(torch.uint8)  # [T, U, b, c, i]
+    u = u.reshape(n // TILE_ROWS, k // SIX_BIT_UNIT_K, 4, 64)
+    low, high = u & 15, u >> 4
+    blocks = torch.stack(
+        (
+            low[:, :, 0] | (low[:, :, 1] << 4),
+            low[:, :, 2] | (low[:, :, 3] << 4),
+            high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6),
+        ),
+        dim=2,
+    )
+    return blocks.view(torch.int8)
+
+
+def _unpack_six_bit(units: torch.Tensor) -> torch.Tensor:
+    """Six-bit units ``# [T, U, 3, 64] int8`` -> their byte code blocks in the byte layout,
+    ``# [T, U * 4, 64] int8`` (the inverse of :func:`_pack_six_bit` then :func:`_pack_codes`)."""
+    b = units.view(torch.uint8)
+    l0, l1, hb = b[:, :, 0], b[:, :, 1], b[:, :, 2]
+    u = torch.stack(
+        (
+            (l0 & 15) | ((hb & 3) << 4),
+            (l0 >> 4) | (((hb >> 2) & 3) << 4),
+            (l1 & 15) | (((hb >> 4) & 3) << 4),
+            (l1 >> 4) | ((hb >> 6) << 4),
+        ),
+        dim=2,
+    )  # [T, U, b, 64 = (c, i)]
+    codes = (u.to(torch.int16) - 32).to(torch.int8)
+    t, nu = units.shape[:2]
+    # byte layout: block 4 U + b, byte h * 32 + c * 8 + r for row i = 8 h + r
+    v = codes.view(t, nu, 4, 4, 2, 8).permute(0, 1, 2, 4, 3, 5)  # [T, U, b, h, c, r]
+    return v.reshape(t, nu * 4, 64)
+
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """``codes # [n, K] int8`` (``n`` a multiple of 16) -> ``# [n / 16, K / 4, 64] int8``."""
@@ -126,14 +230,20 @@ def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return v.permute(0, 3, 1, 4, 2).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
 
 
-def pack(weight: GroupWeight, *, inline_constants: bool = True) -> Int8Packed:
+def pack(
+    weight: GroupWeight, *, inline_constants: bool = True, code_bits: int | None = None
+) -> Int8Packed:
     """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries),
     with each group's constants inline in its tile's stream (the default) or apart in
     ``scales`` (``inline_constants=False``, for A/B benchmarks; the same bits out).
 
+    ``code_bits``: 6 stores the codes in six bits (they must lie in -32 .. 31, the group size
+    be a multiple of 16 and the constants inline), 8 as bytes; None (the default) takes 6
+    wherever those hold. Both give the same bits out.
+
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
-            or the scales / offsets are not finite.
+            the scales / offsets are not finite, or ``code_bits=6`` where six bits do not fit.
     """
     codes_all, gs = weight.codes, weight.group_size
     if codes_all.dtype != torch.int8 or codes_all.dim() != 2:
@@ -146,12 +256,31 @@ def pack(weight: GroupWeight, *, inline_constants: bool = True) -> Int8Packed:
         )
     if weight.scale.shape != (n, k // gs) or weight.offset.shape != (n, k // gs):
         raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
+    six_fits = inline_constants and gs % SIX_BIT_UNIT_K == 0
+    if code_bits is None:
+        code_bits = 6 if six_fits and _codes_fit_six_bits(codes_all) else 8
+    elif code_bits == 6:
+        if not six_fits:
+            raise ValueError(
+                "six-bit codes need the constants inline and a group_size that is a multiple "
+                f"of 16, got group_size {gs}, inline_constants={inline_constants}"
+            )
+        if not _codes_fit_six_bits(codes_all):
+            raise ValueError("six-bit codes must lie in -32 .. 31")
+    elif code_bits != 8:
+        raise ValueError(f"code_bits must be 6, 8 or None, got {code_bits}")
     tiles = -(-n // TILE_ROWS)
-    # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
-    qweight, scales, code_view, const_view = tile_stream.allocate(
-        tiles, k, gs, BLOCK_K, torch.int8, inline_constants
-    )
     ngroups, bpg = k // gs, gs // BLOCK_K
+    # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
+    if code_bits == 6:
+        qweight = huge_pages.empty((tiles, ngroups, _unit_blocks(gs) + 1, 64), torch.int8)
+        scales = torch.empty(0, dtype=torch.float16)
+        code_view = qweight[:, :, :-1].view(tiles, ngroups, gs // SIX_BIT_UNIT_K, 3, 64)
+        const_view = qweight[:, :, -1].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+    else:
+        qweight, scales, code_view, const_view = tile_stream.allocate(
+            tiles, k, gs, BLOCK_K, torch.int8, inline_constants
+        )
     row_scale = torch.ones(tiles * TILE_ROWS, dtype=torch.float32)
     for start in range(0, n, _PACK_ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _PACK_ROW_CHUNK)
@@ -167,9 +296,17 @@ def pack(weight: GroupWeight, *, inline_constants: bool = True) -> Int8Packed:
         if not (torch.isfinite(s).all() and torch.isfinite(off).all()):
             raise ValueError("int8-group scales / offsets must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
-        code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
+        if code_bits == 6:
+            code_view[t0:t1] = _pack_six_bit(codes).view(code_view[t0:t1].shape)
+        else:
+            code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
         const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
     return Int8Packed(qweight, scales, row_scale, n, gs)
+
+
+def _codes_fit_six_bits(codes: torch.Tensor) -> bool:
+    """Whether every code lies in -32 .. 31."""
+    return codes.numel() == 0 or (int(codes.min()) >= -32 and int(codes.max()) <= 31)
 
 
 # ---------------------------------------------------------------- matmul --------------------
@@ -218,33 +355,32 @@ def _load() -> str | None:
 
 
 def _self_test() -> str | None:
-    """Run the kernel on a small random weight: close to a float64 reference, and each row of
-    a 5-row call bit-identical to the same row alone (catches a CPU without the ISA, which
-    the op reports, and a miscompiled kernel)."""
+    """Run the kernel on a small random weight, with byte codes and with six-bit codes: close
+    to a float64 reference, and each row of a 5-row call bit-identical to the same row alone
+    (catches a CPU without the ISA, which the op reports, and a miscompiled kernel)."""
     gen = torch.Generator().manual_seed(0)
     n, k, gs = 37, 128, 16
-    weight = _Weight(
-        torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen),
-        torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3,
-        torch.randn(n, k // gs, generator=gen) * 0.1,
-        gs,
-    )
+    codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3
+    offset = torch.randn(n, k // gs, generator=gen) * 0.1
     x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
-    packed = pack(weight)
-    args = (packed.qweight, packed.scales, packed.row_scale, n, gs)
-    try:
-        y = torch.ops.specserve.int8_gemm(x, *args)
-        rows = [torch.ops.specserve.int8_gemm(x[i : i + 1], *args) for i in range(5)]
-    except Exception as exc:  # the op refuses this CPU, or is missing from the library
-        return f"self-test failed: {type(exc).__name__}: {exc}"
-    w = weight.codes.double().view(n, k // gs, gs) * weight.scale.double()[..., None]
-    w = (w + weight.offset.double()[..., None]).view(n, k)
-    ref = x.double() @ w.T
-    err = float((y.double() - ref).norm() / ref.norm())
-    if not err < 1e-2:
-        return f"self-test failed: relative error {err:.3g} against the reference"
-    if not torch.equal(y, torch.cat(rows)):
-        return "self-test failed: rows depend on the batch"
+    for weight in (_Weight(codes, scale, offset, gs), _Weight(codes >> 2, scale, offset, gs)):
+        packed = pack(weight)
+        args = (packed.qweight, packed.scales, packed.row_scale, n, gs)
+        try:
+            y = torch.ops.specserve.int8_gemm(x, *args)
+            rows = [torch.ops.specserve.int8_gemm(x[i : i + 1], *args) for i in range(5)]
+        except Exception as exc:  # the op refuses this CPU, or is missing from the library
+            return f"self-test failed: {type(exc).__name__}: {exc}"
+        w = weight.codes.double().view(n, k // gs, gs) * weight.scale.double()[..., None]
+        w = (w + weight.offset.double()[..., None]).view(n, k)
+        ref = x.double() @ w.T
+        err = float((y.double() - ref).norm() / ref.norm())
+        what = f"{packed.code_bits}-bit codes"
+        if not err < 1e-2:
+            return f"self-test failed ({what}): relative error {err:.3g} against the reference"
+        if not torch.equal(y, torch.cat(rows)):
+            return f"self-test failed ({what}): rows depend on the batch"
     return None
 
 

@@ -595,9 +595,45 @@ namespace specserve_native {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
+namespace {
+
+// tile_packed_weight for six-bit int8-group codes: qweight int8 [Np / 16, K / G, 3 G / 16 + 1,
+// 64] (per group G / 16 units of three code blocks, then the constants), scales empty.
+PackedWeight six_bit_packed_weight(const Tensor& qweight, const Tensor& scales,
+                                   const Tensor& row_scale, int64_t out_features,
+                                   int64_t group_size, const char* what) {
+  STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
+                  ": CPU tensors only");
+  STD_TORCH_CHECK(group_size > 0 && group_size % 16 == 0, what,
+                  ": six-bit codes need a group_size that is a positive multiple of 16");
+  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
+                      qweight.size(2) == 3 * group_size / 16 + 1 &&
+                      qweight.size(3) == kBlockBytes && qweight.is_contiguous(),
+                  what, ": six-bit qweight must be contiguous int8 [Np/16, K/G, ",
+                  3 * group_size / 16 + 1, ", 64] for group_size ", group_size);
+  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.numel() == 0, what,
+                  ": six-bit codes keep their constants inline (scales must be empty fp16)");
+  const int64_t ntiles = qweight.size(0);
+  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
+                  ": out_features does not match the packed rows");
+  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
+                      row_scale.numel() == ntiles * kTile,
+                  what, ": row_scale must be contiguous fp32 [Np]");
+  PackedWeight w{static_cast<const uint8_t*>(qweight.const_data_ptr()), nullptr,
+                 static_cast<const float*>(row_scale.const_data_ptr()), out_features,
+                 qweight.size(1) * group_size, group_size, 6};
+  w.inline_constants = true;
+  w.tile_bytes = qweight.size(1) * qweight.size(2) * kBlockBytes;
+  return w;
+}
+
+}  // namespace
+
 PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                                 const Tensor& row_scale, int64_t out_features, int64_t group_size,
                                 const char* what, int bits) {
+  if (bits == 6) return six_bit_packed_weight(qweight, scales, row_scale, out_features,
+                                             group_size, what);
   // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
   const int64_t block_k = bits == 4 ? 8 : 4;
   const ScalarType code_type = bits == 4 ? ScalarType::Byte : ScalarType::Char;

@@ -10,14 +10,14 @@
 namespace specserve_native {
 
 // A packed quantised weight, checked and as raw pointers: bits 4 is the int4 layout
-// (int4_gemv.cpp, int4_native.py), bits 8 the int8-group layout (int8_gemv.cpp,
-// int8_native.py).
+// (int4_gemv.cpp, int4_native.py), bits 8 the int8-group layout and bits 6 its six-bit codes
+// (int8_gemv.cpp, int8_native.py).
 struct PackedWeight {
   const uint8_t* qweight;  // int4: [Np / 16, K / 8 (+ K / G), 64]; int8: [Np / 16, K / 4 (+ K / G), 64]
   const uint16_t* scales;  // fp16 bits [Np / 16, K / G, 2, 16]; nullptr when inline
   const float* row_scale;  // [Np]
   int64_t N, K, group_size;
-  int bits;  // 4 or 8
+  int bits;  // 4, 8 or 6
   // Each group's [2, 16] fp16 constants follow its code blocks in the tile's stream (one more
   // 64-byte block per group) instead of living in `scales`.
   bool inline_constants = false;
@@ -25,8 +25,9 @@ struct PackedWeight {
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8
-// group (bits 8), either layout (empty scales: the constants inline), and returns their
-// pointers. what: the caller's name for the weight, in the error messages.
+// group (bits 8), either layout (empty scales: the constants inline), or int8 group with
+// six-bit codes (bits 6: qweight [Np / 16, K / G, 3 G / 16 + 1, 64], the constants inline),
+// and returns their pointers. what: the caller's name for the weight, in the error messages.
 PackedWeight tile_packed_weight(const torch::stable::Tensor& qweight,
                                 const torch::stable::Tensor& scales,
                                 const torch::stable::Tensor& row_scale, int64_t out_features,

@@ -26,6 +26,16 @@
 // Np is N rounded up to 16 (padding rows are zero and never written out); G is a multiple of 4
 // dividing K.
 //
+// Six-bit codes (codes in -32 .. 31, G a multiple of 16, constants inline): qweight is int8
+// [Np / 16, K / G, 3 G / 16 + 1, 64]: per tile and group, G / 16 units of three 64-byte blocks,
+// then the constants block. A unit holds the 256 codes of 16 rows and 16 inputs k0 .. k0 + 15
+// as u = code + 32 in 0 .. 63. With u_b[16 c + i] = u of row i and input k0 + 4 b + c (b, c in
+// 0 .. 3; i in 0 .. 15, the tile's row), its blocks are
+//   L0[j] = u_0[j] & 15 | (u_1[j] & 15) << 4,    L1[j] = u_2[j] & 15 | (u_3[j] & 15) << 4,
+//   H[j]  = u_0[j] >> 4 | (u_1[j] >> 4) << 2 | (u_2[j] >> 4) << 4 | (u_3[j] >> 4) << 6,
+// 3 / 4 of the bytes of the same codes as bytes. The kernels unpack u_b - 32, the byte code,
+// and run exactly the arithmetic below on it: outputs are bit-identical to the byte layout's.
+//
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
 // thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
 //   for each group g:
@@ -74,6 +84,18 @@ constexpr int64_t kPrefetch = 2048;
 // in flight. On the same host, matmuls of 5 - 8 rows from memory ran 9 - 22 % faster with 6144
 // than with 2048 (docs/benchmarks.md), and much slower with exactly 4096 in a trial build.
 constexpr int64_t kPrefetchOneTile = 6144;
+constexpr int64_t kUnitK = 16;      // inputs per six-bit unit (three 64-byte blocks)
+
+// Where a tile's stream keeps codes and constants: byte codes with the constants apart (in
+// `scales`) or inline, or six-bit codes with the constants inline.
+enum Layout : int { kApart = 0, kInline = 1, kSixBit = 2 };
+
+// The byte order a kernel reads input c's codes of half h of a tile from: the byte layout's
+// 64-byte block, or an unpacked six-bit block (input c's 16 rows in order).
+template <int kLayout>
+constexpr int64_t code_offset(int c, int64_t h) {
+  return kLayout == kSixBit ? 16 * c + 8 * h : 32 * h + 8 * c;
+}
 
 #ifdef SPECSERVE_INT8_AVX2
 
@@ -87,7 +109,6 @@ struct Problem {
   bool out_f32;
   bool sweep;              // the sweep prefetch (sweep_start in simd.h)
   int64_t one_tile_distance;  // prefetch distance of one-tile runs (one_tile_prefetch)
-  bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
 };
@@ -182,21 +203,52 @@ inline __m256 codes_f32(const int8_t* block, int64_t offset) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
+// A six-bit unit's 256 codes (three blocks at src) as bytes, the four 64-byte blocks u_b - 32
+// of the layout in the header, at dst.
+inline void unpack_six_bit(const int8_t* src, int8_t* dst) {
+  const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  const __m256i bias = _mm256_set1_epi8(32);
+  for (int i = 0; i < 2; ++i) {  // 32-byte halves of each block
+    const auto load = [&](int block) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64 * block + 32 * i));
+    };
+    const __m256i l0 = load(0), l1 = load(1), hb = load(2);
+    // 32-bit shifts: the masks drop what crosses a byte
+    const __m256i u[4] = {
+        _mm256_or_si256(_mm256_and_si256(l0, low),
+                        _mm256_and_si256(_mm256_slli_epi32(hb, 4), high)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(l0, 4), low),
+                        _mm256_and_si256(_mm256_slli_epi32(hb, 2), high)),
+        _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(hb, high)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(l1, 4), low),
+                        _mm256_and_si256(_mm256_srli_epi32(hb, 2), high))};
+#pragma GCC unroll 4
+    for (int b = 0; b < 4; ++b)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * b + 32 * i),
+                          _mm256_sub_epi8(u[b], bias));
+  }
+}
+
 // Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
 // m0: the canonical arithmetic above. The loop over the 4 inputs c of a block is outermost, so
-// consecutive FMAs of one chain are NT * NH * MR FMAs apart. kInline: each group's constants
-// are the block after its codes in the tile's stream, else in p.scales.
-template <int NT, int NH, int MR, bool kInline>
+// consecutive FMAs of one chain are NT * NH * MR FMAs apart. kLayout: each group's constants
+// are the block after its codes in the tile's stream (kInline, kSixBit), else in p.scales;
+// six-bit units are unpacked to byte blocks in L1 first.
+template <int NT, int NH, int MR, int kLayout>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
+  constexpr bool kInlineConstants = kLayout != kApart;
+  constexpr bool kSix = kLayout == kSixBit;
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
+  // Byte codes: a tile's pointer starts at its half h0; six-bit units are read whole.
+  const int64_t half_offset = kSix ? 0 : 32 * h0;
 
   const int8_t* w[NT];
   const uint16_t* sc[NT];
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
-    w[t] = p.qweight + (tile0 + t) * tile_bytes + 32 * h0;
-    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
+    w[t] = p.qweight + (tile0 + t) * tile_bytes + half_offset;
+    sc[t] = kInlineConstants ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -212,37 +264,60 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
 
+  // One block of 4 inputs for every tile: `blocks[t]` is tile t's block (byte codes).
+  __m256 acc[NT][NH][MR];
+  const auto block_fmas = [&](const auto& blocks) {  // const int8_t* [NT]
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; ++h) {
+          const __m256 wv = codes_f32(blocks[t], code_offset<kLayout>(c, (kSix ? h0 : 0) + h));
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m)
+            acc[t][h][m] =
+                _mm256_fmadd_ps(wv, _mm256_broadcast_ss(xk + c * MR + m), acc[t][h][m]);
+        }
+      }
+    }
+    xk += kBlockK * MR;
+  };
+
   for (int64_t g = 0; g < p.ngroups; ++g) {
-    __m256 acc[NT][NH][MR];
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h)
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) acc[t][h][m] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+    if constexpr (kSix) {
+      alignas(64) int8_t unpacked[NT][4 * kBlockBytes];
+      for (int64_t u = 0; u < p.blocks_per_group / 4; ++u) {
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) unpack_six_bit(w[t], unpacked[t]);
+#pragma GCC unroll 3
+        for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
+        for (int b = 0; b < 4; ++b) {
+          const int8_t* blocks[NT];
 #pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) {
-#pragma GCC unroll 2
-          for (int h = 0; h < NH; ++h) {
-            const __m256 wv = codes_f32(w[t], 32 * h + 8 * c);
-#pragma GCC unroll 16
-            for (int m = 0; m < MR; ++m)
-              acc[t][h][m] =
-                  _mm256_fmadd_ps(wv, _mm256_broadcast_ss(xk + c * MR + m), acc[t][h][m]);
-          }
+          for (int t = 0; t < NT; ++t) blocks[t] = unpacked[t] + b * kBlockBytes;
+          block_fmas(blocks);
         }
       }
-      next_block<NT>(p, w, ahead);
-      xk += kBlockK * MR;
+    } else {
+      for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+        block_fmas(w);
+        next_block<NT>(p, w, ahead);
+      }
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
-      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
+      // the group's constants: inline, the block after its codes (w[t] is half_offset into it)
       const uint16_t* c =
-          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
+          kInlineConstants ? reinterpret_cast<const uint16_t*>(w[t] - half_offset) + 8 * h0
+                           : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
         const __m256 s =
@@ -255,9 +330,9 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(o, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      if constexpr (!kInline) sc[t] += 2 * kTile;
+      if constexpr (!kInlineConstants) sc[t] += 2 * kTile;
     }
-    if constexpr (kInline) next_block<NT>(p, w, ahead);  // past the constants block
+    if constexpr (kInlineConstants) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -288,8 +363,33 @@ inline void zero(__m512 (&v)[NT][MR]) {
     for (int m = 0; m < MR; ++m) v[t][m] = _mm512_setzero_ps();
 }
 
-template <int NT, int MR, bool kInline>
+#ifdef __AVX512BW__
+constexpr bool kWideSixBit = true;
+// A six-bit unit's block b as bytes u_b - 32 (the header's layout), from its three blocks.
+template <int b>
+inline __m512i unpack_six_bit16(__m512i l0, __m512i l1, __m512i hb) {
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  __m512i u;  // 32-bit shifts: the masks drop what crosses a byte
+  if constexpr (b == 0) {
+    u = _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_and_si512(_mm512_slli_epi32(hb, 4), high));
+  } else if constexpr (b == 1) {
+    u = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(l0, 4), low),
+                        _mm512_and_si512(_mm512_slli_epi32(hb, 2), high));
+  } else if constexpr (b == 2) {
+    u = _mm512_or_si512(_mm512_and_si512(l1, low), _mm512_and_si512(hb, high));
+  } else {
+    u = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(l1, 4), low),
+                        _mm512_and_si512(_mm512_srli_epi32(hb, 2), high));
+  }
+  return _mm512_sub_epi8(u, _mm512_set1_epi8(32));
+}
+#else
+constexpr bool kWideSixBit = false;  // byte arithmetic on 64-byte vectors needs AVX-512BW
+#endif
+
+template <int NT, int MR, int kLayout>
 void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
+  constexpr bool kInlineConstants = kLayout != kApart;
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
   const __m512i halves = _mm512_setr_epi64(0, 4, 1, 5, 2, 6, 3, 7);
@@ -299,7 +399,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
     w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
+    sc[t] = kInlineConstants ? nullptr : p.scales + (tile0 + t) * tile_scales;
   }
   const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
   const float* xs[MR];
@@ -310,38 +410,71 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
   __m512 y[NT][MR];
   zero(y);
 
-  for (int64_t g = 0; g < p.ngroups; ++g) {
-    __m512 acc[NT][MR];
-    zero(acc);
-    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
-      __m512i block[NT];
-#pragma GCC unroll 16
-      for (int t = 0; t < NT; ++t)
-        block[t] = _mm512_permutexvar_epi64(halves, _mm512_loadu_si512(w[t]));
+  // One block of 4 inputs for every tile, each input's 16 codes in a 16-byte lane.
+  __m512 acc[NT][MR];
+  const auto block_fmas = [&](const __m512i (&block)[NT]) {
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        __m128i codes;
+        switch (c) {  // the lane index of vextracti32x4 must be a constant
+          case 0: codes = _mm512_extracti32x4_epi32(block[t], 0); break;
+          case 1: codes = _mm512_extracti32x4_epi32(block[t], 1); break;
+          case 2: codes = _mm512_extracti32x4_epi32(block[t], 2); break;
+          default: codes = _mm512_extracti32x4_epi32(block[t], 3); break;
+        }
+        const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m)
+          acc[t][m] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[c * MR + m]), acc[t][m]);
+      }
+    }
+    xk += kBlockK * MR;
+  };
+
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    zero(acc);
+    if constexpr (kLayout == kSixBit) {
+#ifdef __AVX512BW__
+      for (int64_t u = 0; u < p.blocks_per_group / 4; ++u) {
+        __m512i l0[NT], l1[NT], hb[NT], block[NT];
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) {
-          __m128i codes;
-          switch (c) {  // the lane index of vextracti32x4 must be a constant
-            case 0: codes = _mm512_extracti32x4_epi32(block[t], 0); break;
-            case 1: codes = _mm512_extracti32x4_epi32(block[t], 1); break;
-            case 2: codes = _mm512_extracti32x4_epi32(block[t], 2); break;
-            default: codes = _mm512_extracti32x4_epi32(block[t], 3); break;
-          }
-          const __m512 wv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m)
-            acc[t][m] = _mm512_fmadd_ps(wv, _mm512_set1_ps(xk[c * MR + m]), acc[t][m]);
+          l0[t] = _mm512_loadu_si512(w[t]);
+          l1[t] = _mm512_loadu_si512(w[t] + kBlockBytes);
+          hb[t] = _mm512_loadu_si512(w[t] + 2 * kBlockBytes);
         }
+#pragma GCC unroll 3
+        for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) block[t] = unpack_six_bit16<0>(l0[t], l1[t], hb[t]);
+        block_fmas(block);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) block[t] = unpack_six_bit16<1>(l0[t], l1[t], hb[t]);
+        block_fmas(block);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) block[t] = unpack_six_bit16<2>(l0[t], l1[t], hb[t]);
+        block_fmas(block);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) block[t] = unpack_six_bit16<3>(l0[t], l1[t], hb[t]);
+        block_fmas(block);
       }
-      next_block<NT>(p, w, ahead);
-      xk += kBlockK * MR;
+#endif
+    } else {
+      for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+        __m512i block[NT];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+          block[t] = _mm512_permutexvar_epi64(halves, _mm512_loadu_si512(w[t]));
+        block_fmas(block);
+        next_block<NT>(p, w, ahead);
+      }
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       // the group's constants: inline, the block after its codes
-      const uint16_t* c = kInline ? reinterpret_cast<const uint16_t*>(w[t]) : sc[t];
+      const uint16_t* c = kInlineConstants ? reinterpret_cast<const uint16_t*>(w[t]) : sc[t];
       const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
       const __m512 o =
           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
@@ -350,9 +483,9 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
         y[t][m] = _mm512_fmadd_ps(s, acc[t][m], y[t][m]);
         y[t][m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m][g]), y[t][m]);
       }
-      if constexpr (!kInline) sc[t] += 2 * kTile;
+      if constexpr (!kInlineConstants) sc[t] += 2 * kTile;
     }
-    if constexpr (kInline) next_block<NT>(p, w, ahead);  // past the constants block
+    if constexpr (kInlineConstants) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
 #pragma GCC unroll 16
@@ -375,35 +508,35 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows), 16 lanes a vector.
-template <bool kInline>
+template <int kLayout>
 void run_rows16(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block16<1, 1, kInline>(p, tile0, m0); break;
-    case 2: run_block16<1, 2, kInline>(p, tile0, m0); break;
-    case 3: run_block16<1, 3, kInline>(p, tile0, m0); break;
-    case 4: run_block16<1, 4, kInline>(p, tile0, m0); break;
-    case 5: run_block16<1, 5, kInline>(p, tile0, m0); break;
-    case 6: run_block16<1, 6, kInline>(p, tile0, m0); break;
-    case 7: run_block16<1, 7, kInline>(p, tile0, m0); break;
-    default: run_block16<1, 8, kInline>(p, tile0, m0); break;
+    case 1: run_block16<1, 1, kLayout>(p, tile0, m0); break;
+    case 2: run_block16<1, 2, kLayout>(p, tile0, m0); break;
+    case 3: run_block16<1, 3, kLayout>(p, tile0, m0); break;
+    case 4: run_block16<1, 4, kLayout>(p, tile0, m0); break;
+    case 5: run_block16<1, 5, kLayout>(p, tile0, m0); break;
+    case 6: run_block16<1, 6, kLayout>(p, tile0, m0); break;
+    case 7: run_block16<1, 7, kLayout>(p, tile0, m0); break;
+    default: run_block16<1, 8, kLayout>(p, tile0, m0); break;
   }
 }
 
 // Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows, else
 // one tile at a time, each row block in turn (the tile's codes stay in L2).
-template <bool kInline>
+template <int kLayout>
 void run_range16(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block16<kTileGroup, 1, kInline>(p, t, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block16<kTileGroup, 1, kLayout>(p, t, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block16<2, 2, kInline>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_block16<2, 2, kLayout>(p, t, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows16<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows16<kLayout>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -423,39 +556,39 @@ bool wide_vectors() {
 // for up to 6 rows (each broadcast input serves two FMAs), one half at a time for 7 - 8 (the
 // accumulators of 16 chains would not leave registers for the operands). Measured here
 // (Skylake-SP, 2 cores) 8-row blocks took ~10% less time per row than two 4-row blocks.
-template <bool kInline>
+template <int kLayout>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block<1, 2, 1, kInline>(p, tile0, 0, m0); break;
-    case 2: run_block<1, 2, 2, kInline>(p, tile0, 0, m0); break;
-    case 3: run_block<1, 2, 3, kInline>(p, tile0, 0, m0); break;
-    case 4: run_block<1, 2, 4, kInline>(p, tile0, 0, m0); break;
-    case 5: run_block<1, 2, 5, kInline>(p, tile0, 0, m0); break;
-    case 6: run_block<1, 2, 6, kInline>(p, tile0, 0, m0); break;
+    case 1: run_block<1, 2, 1, kLayout>(p, tile0, 0, m0); break;
+    case 2: run_block<1, 2, 2, kLayout>(p, tile0, 0, m0); break;
+    case 3: run_block<1, 2, 3, kLayout>(p, tile0, 0, m0); break;
+    case 4: run_block<1, 2, 4, kLayout>(p, tile0, 0, m0); break;
+    case 5: run_block<1, 2, 5, kLayout>(p, tile0, 0, m0); break;
+    case 6: run_block<1, 2, 6, kLayout>(p, tile0, 0, m0); break;
     case 7:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 7, kInline>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 7, kLayout>(p, tile0, h, m0);
       break;
     default:
-      for (int h = 0; h < 2; ++h) run_block<1, 1, 8, kInline>(p, tile0, h, m0);
+      for (int h = 0; h < 2; ++h) run_block<1, 1, 8, kLayout>(p, tile0, h, m0);
       break;
   }
 }
 
 // Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows (8
 // chains), else one tile at a time, each row block in turn (the tile's codes stay in L2).
-template <bool kInline>
+template <int kLayout>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 2, 1, kInline>(p, t, 0, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 2, 1, kLayout>(p, t, 0, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block<2, 2, 2, kInline>(p, t, 0, 0);
+    for (; t + 2 <= end; t += 2) run_block<2, 2, 2, kLayout>(p, t, 0, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows<kLayout>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -476,14 +609,14 @@ PackedWeight quant_packed_weight(const Tensor& qweight, const Tensor& scales,
   STD_TORCH_CHECK(t == ScalarType::Byte || t == ScalarType::Char, what,
                   ": qweight must be uint8 (int4 layout) or int8 (int8-group layout)");
   return tile_packed_weight(qweight, scales, row_scale, out_features, group_size, what,
-                            t == ScalarType::Char ? 8 : 4);
+                            t == ScalarType::Byte ? 4 : int8_code_bits(qweight));
 }
 
 void quant_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
-  if (w.bits == 8) {
-    int8_matmul(x, M, w, out, out_f32);
-  } else {
+  if (w.bits == 4) {
     int4_matmul(x, M, w, out, out_f32);
+  } else {
+    int8_matmul(x, M, w, out, out_f32);
   }
 }
 
@@ -500,7 +633,7 @@ void int8_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
 bool int8_cpu_supported() { return avx2_supported(); }
 
 void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
-  STD_TORCH_CHECK(w.bits == 8, "int8_matmul: not an int8-group weight");
+  STD_TORCH_CHECK(w.bits == 8 || w.bits == 6, "int8_matmul: not an int8-group weight");
   const int64_t K = w.K, ngroups = K / w.group_size;
   const int64_t ntiles = (w.N + kTile - 1) / kTile;
   if (M == 0 || w.N == 0) return;
@@ -522,8 +655,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.N = w.N;
   p.K = K;
   p.ngroups = ngroups;
-  p.blocks_per_group = w.group_size / kBlockK;
-  p.inline_constants = w.inline_constants;
+  p.blocks_per_group = w.group_size / kBlockK;  // byte-code blocks (six-bit: 4 a unit)
   p.tile_bytes = w.tile_bytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
@@ -532,24 +664,26 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const int64_t ntile_groups = (ntiles + kTileGroup - 1) / kTileGroup;
   const int64_t grain = std::max<int64_t>(
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
+  const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
 #ifdef __AVX512F__
-  const bool wide = wide_vectors();
+  const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
 #endif
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
+    const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
 #ifdef __AVX512F__
     if (wide) {
-      if (p.inline_constants) {
-        run_range16<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
-      } else {
-        run_range16<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      switch (layout) {
+        case kSixBit: run_range16<kSixBit>(p, first, last); break;
+        case kInline: run_range16<kInline>(p, first, last); break;
+        default: run_range16<kApart>(p, first, last); break;
       }
       return;
     }
 #endif
-    if (p.inline_constants) {
-      run_range<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
-    } else {
-      run_range<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+    switch (layout) {
+      case kSixBit: run_range<kSixBit>(p, first, last); break;
+      case kInline: run_range<kInline>(p, first, last); break;
+      default: run_range<kApart>(p, first, last); break;
     }
   });
 }
@@ -574,7 +708,8 @@ Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
                   "int8_gemm: x must be bf16 or fp32");
   const PackedWeight w = specserve_native::tile_packed_weight(
-      qweight, scales, row_scale, out_features, group_size, "int8_gemm", 8);
+      qweight, scales, row_scale, out_features, group_size, "int8_gemm",
+      specserve_native::int8_code_bits(qweight));
   STD_TORCH_CHECK(x_in.size(1) == w.K, "int8_gemm: x has ", x_in.size(1), " inputs, weight ",
                   w.K);
   Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);

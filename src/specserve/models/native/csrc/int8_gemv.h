@@ -11,7 +11,7 @@
 
 namespace specserve_native {
 
-// out[M, N] = x[M, K] @ w.T for an int8-group weight (bits 8), x contiguous bf16; out bf16
+// out[M, N] = x[M, K] @ w.T for an int8-group weight (bits 8 or 6), x contiguous bf16; out bf16
 // (or fp32 when out_f32), row stride N. Splits N over torch's intra-op threads; the
 // arithmetic of a row never depends on M or the split.
 void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32);
@@ -19,7 +19,13 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 // Whether this CPU runs the int8-group kernel (AVX2 + FMA + F16C).
 bool int8_cpu_supported();
 
-// tile_packed_weight with bits 4 for a uint8 qweight (int4 layout), 8 for an int8 one.
+// The code width of an int8-group qweight: 6 when it is four-dimensional (six-bit units, see
+// int8_gemv.cpp), else 8.
+inline int int8_code_bits(const torch::stable::Tensor& qweight) {
+  return qweight.dim() == 4 ? 6 : 8;
+}
+
+// tile_packed_weight with bits 4 for a uint8 qweight (int4 layout), 8 or 6 for an int8 one.
 PackedWeight quant_packed_weight(const torch::stable::Tensor& qweight,
                                  const torch::stable::Tensor& scales,
                                  const torch::stable::Tensor& row_scale, int64_t out_features,

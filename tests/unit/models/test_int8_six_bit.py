@@ -1,0 +1,232 @@
+"""Six-bit codes in the int8-group kernel's tile stream: the packing (three blocks for the 256
+codes of 16 rows and 16 inputs, unpacked to the byte layout's blocks), when :func:`pack`
+chooses it, the checks of a six-bit packed weight, and the kernel: every path bit-identical to
+the same weight packed with byte codes (1- to 40-row calls, 16- and 8-lane variants, prefetch
+switches, thread split) and close to a float64 reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specserve.models.native import int8_native
+from specserve.models.native.int8_native import Int8Packed, matmul, pack
+from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
+
+native = pytest.mark.skipif(
+    not int8_native.available(),
+    reason=f"native int8-group kernel: {int8_native.unavailable_reason()}",
+)
+
+
+def _weight(
+    n: int, k: int, gs: int, seed: int = 0, low: int = -32, high: int = 32
+) -> Int8GroupWeight:
+    """Codes in [low, high) with positive scales and small offsets (Q6_K's codes q - 32 lie in
+    -32 .. 31; Q5_K's and Q4_K's in 0 .. 31 and 0 .. 15, with their minimum as the offset)."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(low, high, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3
+    offset = torch.randn(n, k // gs, generator=gen) * 1e-2
+    return Int8GroupWeight(codes, scale, offset, gs)
+
+
+# ---------------------------------------------------------------- layout (no kernel) --------
+
+
+@pytest.mark.parametrize(("n", "k", "gs"), [(21, 32, 16), (40, 96, 32), (16, 64, 64)])
+def test_six_bit_packing_holds_the_byte_layouts_codes(n: int, k: int, gs: int) -> None:
+    weight = _weight(n, k, gs)
+    six, byte = pack(weight), pack(weight, code_bits=8)
+    assert (six.code_bits, byte.code_bits) == (6, 8)
+    tiles = -(-n // 16)
+    assert six.qweight.shape == (tiles, k // gs, 3 * gs // 16 + 1, 64)
+    assert six.qweight.dtype == torch.int8 and six.scales.numel() == 0
+    assert six.inline_constants and (six.in_features, six.out_features) == (k, n)
+    assert torch.equal(six.code_blocks(), byte.code_blocks())  # padding rows included
+    assert torch.equal(six.constants(), byte.constants())
+    assert torch.equal(six.row_scale, byte.row_scale)
+    # three bytes for four codes, the same constants and row scales
+    constants = tiles * (k // gs) * 64 + tiles * 16 * 4
+    assert six.nbytes() - constants == (byte.nbytes() - constants) * 3 // 4
+
+
+def test_unit_bytes_follow_the_documented_formula() -> None:
+    """L0, L1 and H of a unit from u_b[16 c + i] = code[i, 4 b + c] + 32 (the docstring)."""
+    weight = _weight(16, 16, 16, seed=3)
+    unit = pack(weight).qweight[0, 0, :3].view(torch.uint8).long()  # [3, 64]
+    u = (weight.codes.long() + 32).view(16, 4, 4).permute(1, 2, 0).reshape(4, 64)  # [b, 16c + i]
+    assert torch.equal(unit[0], (u[0] & 15) | ((u[1] & 15) << 4))
+    assert torch.equal(unit[1], (u[2] & 15) | ((u[3] & 15) << 4))
+    assert torch.equal(
+        unit[2], (u[0] >> 4) | ((u[1] >> 4) << 2) | ((u[2] >> 4) << 4) | ((u[3] >> 4) << 6)
+    )
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "gs", "inline", "bits"),
+    [
+        (-32, 32, 16, True, 6),  # Q6_K's codes
+        (0, 32, 32, True, 6),  # Q5_K's
+        (0, 16, 16, True, 6),  # Q4_K's (a fused projection's int8 parts)
+        (-33, 32, 16, True, 8),  # one code below -32
+        (0, 64, 16, True, 8),  # up to 63
+        (-128, 128, 32, True, 8),  # Q8_0's
+        (-32, 32, 8, True, 8),  # groups of 8: no whole units
+        (-32, 32, 16, False, 8),  # constants apart: byte codes only
+    ],
+)
+def test_pack_takes_six_bits_wherever_they_fit(
+    low: int, high: int, gs: int, inline: bool, bits: int
+) -> None:
+    weight = _weight(32, 64, gs, low=low, high=high)
+    if low == -33:  # one code just out of range
+        weight.codes[3, 5] = -33
+    assert pack(weight, inline_constants=inline).code_bits == bits
+
+
+@pytest.mark.parametrize(
+    ("gs", "inline", "low", "high", "match"),
+    [
+        (8, True, -32, 32, "multiple of 16"),
+        (16, False, -32, 32, "inline"),
+        (16, True, -40, 32, "-32 .. 31"),
+        (16, True, 0, 64, "-32 .. 31"),
+    ],
+)
+def test_forced_six_bits_refuse_what_does_not_fit(
+    gs: int, inline: bool, low: int, high: int, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        pack(_weight(16, 64, gs, low=low, high=high), inline_constants=inline, code_bits=6)
+    with pytest.raises(ValueError, match="code_bits"):
+        pack(_weight(16, 64, 16), code_bits=4)
+
+
+def test_six_bit_packed_weight_validates_its_tensors() -> None:
+    p = pack(_weight(20, 64, 16))
+    assert p.code_bits == 6
+    with pytest.raises(ValueError, match="out_features"):
+        Int8Packed(p.qweight, p.scales, p.row_scale, 40, 16)
+    with pytest.raises(ValueError, match="inline"):
+        Int8Packed(p.qweight, torch.zeros(2, 4, 2, 16, dtype=torch.float16), p.row_scale, 20, 16)
+    with pytest.raises(ValueError, match=r"\[Np/16, K/G, 7, 64\]"):  # blocks for groups of 32
+        Int8Packed(p.qweight, p.scales, p.row_scale, 20, 32)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        Int8Packed(p.qweight, p.scales, p.row_scale, 20, 8)
+    with pytest.raises(ValueError, match="int8"):
+        Int8Packed(p.qweight.view(torch.uint8), p.scales, p.row_scale, 20, 16)
+    with pytest.raises(ValueError, match="row_scale"):
+        Int8Packed(p.qweight, p.scales, p.row_scale[:16], 20, 16)
+
+
+def test_chunked_six_bit_packing_matches_a_single_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight = _weight(100, 64, 16)
+    whole = pack(weight)
+    monkeypatch.setattr(int8_native, "_PACK_ROW_CHUNK", 32)
+    chunked = pack(weight)
+    assert whole.code_bits == chunked.code_bits == 6
+    assert torch.equal(whole.qweight, chunked.qweight)
+    assert torch.equal(whole.row_scale, chunked.row_scale)
+
+
+# ---------------------------------------------------------------- kernel --------------------
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+_LANES = ("1", "0") if _cpu_has("avx512f") else ("0",)
+
+
+@native
+@pytest.mark.parametrize(
+    ("n", "k", "gs", "low", "high"),
+    [
+        (16 * 21 + 5, 1536, 16, -32, 32),
+        (37, 896, 32, 0, 32),
+        (24, 8960, 16, -32, 32),
+        (19, 64, 64, 0, 16),
+    ],
+)
+def test_six_bit_codes_give_the_byte_codes_bits(
+    monkeypatch: pytest.MonkeyPatch, n: int, k: int, gs: int, low: int, high: int
+) -> None:
+    """Every path (1-, 2- and 3-row kernels, register blocks of 4 - 8 rows, several blocks, a
+    ragged last tile), bf16 and fp32 outputs, 16- and 8-lane variants."""
+    weight = _weight(n, k, gs, low=low, high=high)
+    six, byte = pack(weight), pack(weight, code_bits=8)
+    assert six.code_bits == 6
+    gen = torch.Generator().manual_seed(1)
+    ref_w = weight.dequantize(torch.float64)
+    for lanes in _LANES:
+        monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 40):
+            x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
+            y = matmul(x, six)
+            assert torch.equal(y, matmul(x, byte)), (lanes, m)
+            assert torch.equal(matmul(x.float(), six), matmul(x.float(), byte)), (lanes, m)
+            ref = x.double() @ ref_w.T
+            assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+@native
+@pytest.mark.parametrize("switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH"])
+def test_six_bit_rows_are_batch_invariant_whatever_the_prefetch(
+    monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    packed = pack(_weight(16 * 13 + 7, 1536, 16, seed=5))
+    gen = torch.Generator().manual_seed(2)
+    for lanes, on in itertools.product(_LANES, ("1", "0")):
+        monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
+        monkeypatch.setenv(switch, on)
+        for m in (2, 3, 5, 9):
+            x = (torch.randn(m, 1536, generator=gen) * 10).to(torch.bfloat16)
+            y = matmul(x, packed)
+            for i in range(m):
+                assert torch.equal(y[i : i + 1], matmul(x[i : i + 1], packed)), (lanes, on, m, i)
+
+
+@native
+def test_six_bit_thread_count_does_not_change_results() -> None:
+    packed = pack(_weight(16 * 37 + 3, 1536, 16))
+    x = torch.randn(5, 1536).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = matmul(x, packed)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, matmul(x, packed))
+
+
+@native
+def test_op_checks_the_six_bit_layout() -> None:
+    p = pack(_weight(20, 128, 16))
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="six-bit qweight"):  # blocks for groups of 32
+        torch.ops.specserve.int8_gemm(x, p.qweight, p.scales, p.row_scale, 20, 32)
+    with pytest.raises(RuntimeError, match="inline"):
+        scales = torch.zeros(2, 8, 2, 16, dtype=torch.float16)
+        torch.ops.specserve.int8_gemm(x, p.qweight, scales, p.row_scale, 20, 16)
+
+
+@native
+def test_linear_packs_six_bit_codes_and_keeps_its_outputs() -> None:
+    weight = _weight(50, 256, 16)
+    bias = torch.randn(50)
+    fast = Int8GroupLinear(weight, bias, torch.bfloat16)
+    slow = Int8GroupLinear(weight, bias, torch.bfloat16, native=False)
+    assert fast.native is not None and fast.native.code_bits == 6
+    assert fast.qweight is fast.native.qweight
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    ref = x.double() @ weight.dequantize(torch.float64).T + bias.to(torch.bfloat16).double()
+    for y in (fast(x), slow(x)):
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
