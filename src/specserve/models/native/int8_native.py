@@ -12,8 +12,13 @@ per-row power-of-two normalisation (~2e-4 relative error on the outputs, well un
 rounding of the result).
 
 Codes in -32 .. 31 (the K-quants' 4-, 5- and 6-bit codes) travel in six bits: :func:`pack`
-stores them so by default (see :class:`Int8Packed`), 3/4 of the bytes of the byte codes, and
-the kernel unpacks them to the same bytes before the same arithmetic (bit-identical outputs).
+stores them so by default (see :class:`Int8Packed`), 3/4 of the bytes of the byte codes. The
+fp32 kernels unpack them to the same bytes before the same arithmetic (bit-identical outputs).
+Where the CPU has AVX-512 BF16, VBMI and GFNI (:func:`six_bit_dot_products`), six-bit codes
+run on a kernel of their own instead: ``code + 160`` is exact in bf16, and one ``vdpbf16ps``
+multiplies two inputs' weights of 16 rows by a pair of bf16 inputs, with fp32 sums; per group
+``y += scale·Σ (code + 160)·x + (offset - 160·scale)·Σ x``. Its outputs agree with the fp32
+kernels' to rounding, its rows are batch invariant as theirs.
 
 Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
 whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
@@ -39,6 +44,7 @@ one): :func:`pack` takes any object with that weight's four attributes (:class:`
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -59,6 +65,7 @@ __all__ = [
     "available",
     "matmul",
     "pack",
+    "six_bit_dot_products",
     "unavailable_reason",
 ]
 
@@ -302,6 +309,19 @@ def pack(
             code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
         const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
     return Int8Packed(qweight, scales, row_scale, n, gs)
+
+
+_DOT_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
+
+
+def six_bit_dot_products() -> bool:
+    """Whether six-bit codes run on the bf16-pair kernel here: the CPU has AVX-512 BW, VBMI,
+    BF16 and GFNI (the library is built for this CPU, ``-march=native``) and
+    ``SPECSERVE_INT8_AVX512`` is not ``0`` (which runs the fp32 8-lane kernels for every
+    layout). Read on every call, like the kernel reads the switch."""
+    if os.environ.get("SPECSERVE_INT8_AVX512") == "0":
+        return False
+    return all(flag in build.cpu_signature()[1] for flag in _DOT_FLAGS)
 
 
 def _codes_fit_six_bits(codes: torch.Tensor) -> bool:

@@ -33,8 +33,10 @@
 // 0 .. 3; i in 0 .. 15, the tile's row), its blocks are
 //   L0[j] = u_0[j] & 15 | (u_1[j] & 15) << 4,    L1[j] = u_2[j] & 15 | (u_3[j] & 15) << 4,
 //   H[j]  = u_0[j] >> 4 | (u_1[j] >> 4) << 2 | (u_2[j] >> 4) << 4 | (u_3[j] >> 4) << 6,
-// 3 / 4 of the bytes of the same codes as bytes. The kernels unpack u_b - 32, the byte code,
-// and run exactly the arithmetic below on it: outputs are bit-identical to the byte layout's.
+// 3 / 4 of the bytes of the same codes as bytes. The fp32 kernels unpack u_b - 32, the byte
+// code, and run exactly the arithmetic below on it: outputs bit-identical to the byte
+// layout's. Where the build has AVX-512 BF16, VBMI and GFNI, a kernel of their own computes
+// six-bit codes as bf16 pairs instead (run_block_dot: fewer instructions, other rounding).
 //
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
 // thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
@@ -104,6 +106,7 @@ struct Problem {
   const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]; nullptr when inline
   const float* row_scale;  // [ntiles * 16]
   const float* xf;         // x in fp32, row-block interleaved (interleave_rows)
+  const uint32_t* xi;      // six-bit dot kernel: x's bf16 pairs, row-block interleaved
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
@@ -132,6 +135,23 @@ void interleave_rows(const uint16_t* x, float* xf, int64_t M, int64_t K) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint16_t* src = x + (m0 + r) * K;
       for (int64_t k = 0; k < K; ++k) dst[k * rows + r] = specserve_native::bf16_to_float(src[k]);
+    }
+  }
+}
+
+// xi: for the row block [m0, m0 + rows), the K / 2 bf16 pairs (x[k], x[k + 1]) of its rows
+// interleaved (pair j of row m0 + r at xi[m0 * K / 2 + j * rows + r]), for vdpbf16ps.
+void interleave_pairs(const uint16_t* x, uint32_t* xi, int64_t M, int64_t K) {
+  const int64_t pairs = K / 2;
+  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
+    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
+    uint32_t* dst = xi + m0 * pairs;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint16_t* src = x + (m0 + r) * K;
+      for (int64_t j = 0; j < pairs; ++j) {
+        dst[j * rows + r] = static_cast<uint32_t>(src[2 * j]) |
+                            static_cast<uint32_t>(src[2 * j + 1]) << 16;
+      }
     }
   }
 }
@@ -387,6 +407,43 @@ inline __m512i unpack_six_bit16(__m512i l0, __m512i l1, __m512i hb) {
 constexpr bool kWideSixBit = false;  // byte arithmetic on 64-byte vectors needs AVX-512BW
 #endif
 
+// The three blocks (L0, L1, H) of each tile's next six-bit unit; the streams step past them.
+template <int NT>
+inline void next_unit(const Problem& p, const int8_t* (&w)[NT], const char*& ahead,
+                      __m512i (&l0)[NT], __m512i (&l1)[NT], __m512i (&hb)[NT]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    l0[t] = _mm512_loadu_si512(w[t]);
+    l1[t] = _mm512_loadu_si512(w[t] + kBlockBytes);
+    hb[t] = _mm512_loadu_si512(w[t] + 2 * kBlockBytes);
+  }
+#pragma GCC unroll 3
+  for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
+}
+
+// Outputs of tiles [tile0, tile0 + NT) for the MR rows of the row block at m0: y times the
+// rows' row_scale.
+template <int NT, int MR>
+inline void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[NT][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    const int64_t n0 = (tile0 + t) * kTile;
+    const __m512 r = _mm512_loadu_ps(p.row_scale + n0);
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      const __m512 v = _mm512_mul_ps(y[t][m], r);
+      for (int h = 0; h < 2; ++h) {
+        const int64_t valid = std::min<int64_t>(8, p.N - n0 - 8 * h);
+        if (valid <= 0) continue;
+        const __m256 half = h == 0 ? _mm512_castps512_ps256(v)
+                                   : _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                         _mm512_castps_pd(v), 1));
+        store_half(p, m0 + m, n0 + 8 * h, valid, half);
+      }
+    }
+  }
+}
+
 template <int NT, int MR, int kLayout>
 void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kInlineConstants = kLayout != kApart;
@@ -439,14 +496,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 #ifdef __AVX512BW__
       for (int64_t u = 0; u < p.blocks_per_group / 4; ++u) {
         __m512i l0[NT], l1[NT], hb[NT], block[NT];
-#pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) {
-          l0[t] = _mm512_loadu_si512(w[t]);
-          l1[t] = _mm512_loadu_si512(w[t] + kBlockBytes);
-          hb[t] = _mm512_loadu_si512(w[t] + 2 * kBlockBytes);
-        }
-#pragma GCC unroll 3
-        for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
+        next_unit<NT>(p, w, ahead, l0, l1, hb);
 #pragma GCC unroll 16
         for (int t = 0; t < NT; ++t) block[t] = unpack_six_bit16<0>(l0[t], l1[t], hb[t]);
         block_fmas(block);
@@ -488,23 +538,7 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
     if constexpr (kInlineConstants) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) {
-    const int64_t n0 = (tile0 + t) * kTile;
-    const __m512 r = _mm512_loadu_ps(p.row_scale + n0);
-#pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m) {
-      const __m512 v = _mm512_mul_ps(y[t][m], r);
-      for (int h = 0; h < 2; ++h) {
-        const int64_t valid = std::min<int64_t>(8, p.N - n0 - 8 * h);
-        if (valid <= 0) continue;
-        const __m256 half = h == 0 ? _mm512_castps512_ps256(v)
-                                   : _mm256_castpd_ps(_mm512_extractf64x4_pd(
-                                         _mm512_castps_pd(v), 1));
-        store_half(p, m0 + m, n0 + 8 * h, valid, half);
-      }
-    }
-  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows), 16 lanes a vector.
@@ -548,6 +582,163 @@ bool wide_vectors() {
   const char* v = std::getenv("SPECSERVE_INT8_AVX512");
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
+
+#if defined(__AVX512BW__) && defined(__AVX512VBMI__) && defined(__AVX512BF16__) && \
+    defined(__GFNI__)
+#define SPECSERVE_INT8_DOT 1
+// ---- six-bit codes as bf16 pairs (AVX-512 BF16 + VBMI + GFNI) ------------------------------
+//
+// Six-bit codes need fewer instructions as bf16 than as fp32: u = code + 32 is in 0 .. 63, so
+// the word 0x4300 | u is bf16(128 + u) = bf16(code + 160), exact, and one vdpbf16ps multiplies
+// two inputs' weights of 16 rows by a broadcast pair of bf16 inputs and adds both products to
+// an fp32 lane. Per unit and tile: GF(2) affine byte maps (vgf2p8affineqb) and masks take the
+// four blocks u_b out of L0, L1 and H (the header's layout, input c's 16 rows in byte lane c),
+// and one vpermt2b per input pair makes the words (0x4300 | u[row, k], 0x4300 | u[row, k + 1])
+// of each row's 32-bit lane. Per output (m, n):
+//   for each group g:
+//     a0 = a1 = 0
+//     for each unit, each block b of it:  a0 += pair (c0, c1); a1 += pair (c2, c3)
+//                                          (each a vdpbf16ps of (code + 160) with x)
+//     y = fma(s, a0 + a1, y);  y = fma(fma(s, -160, o), xsum[m, g], y)
+//   out = y * row_scale
+// A different arithmetic from the fp32 kernels (the bf16 products are exact, the pairwise sums
+// are vdpbf16ps's), so outputs agree with them only to rounding; rows are batch invariant as
+// there (fixed per output, whatever M or the thread split). SPECSERVE_INT8_AVX512=0 runs the
+// fp32 8-lane kernels instead.
+constexpr bool kSixBitDot = true;
+
+inline __m512i gf_map(__m512i v, int64_t matrix) {
+  return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(matrix), 0);
+}
+
+// vdpbf16ps of acc with w and the broadcast bf16 pair at p, its memory operand folded into the
+// instruction for multi-row blocks (as in int4_gemv.cpp: the same instruction either way).
+template <bool kEmbedded>
+inline __m512 dot_pair(__m512 acc, __m512i w, const uint32_t* p) {
+  if constexpr (kEmbedded) {
+    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+  } else {
+    uint32_t v;
+    std::memcpy(&v, p, sizeof(v));
+    return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(v)));
+  }
+}
+
+// vpermt2b indices: 32-bit lane i of the pair vector of inputs (c, c + 1) of a block takes byte
+// 16 c + i (row i of input c) and byte 16 (c + 1) + i, each followed by 0x43 (from the second
+// source).
+inline __m512i pair_index(int c) {
+  alignas(64) uint8_t idx[64];
+  for (int i = 0; i < 16; ++i) {
+    idx[4 * i] = static_cast<uint8_t>(16 * c + i);
+    idx[4 * i + 1] = 64;
+    idx[4 * i + 2] = static_cast<uint8_t>(16 * (c + 1) + i);
+    idx[4 * i + 3] = 64;
+  }
+  return _mm512_load_si512(idx);
+}
+
+template <int NT, int MR>
+void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
+  constexpr bool kMulti = MR > 1;
+  const __m512i low = _mm512_set1_epi8(0x0F), exp_byte = _mm512_set1_epi8(0x43);
+  const __m512i pairs01 = pair_index(0), pairs23 = pair_index(2);
+  // GF(2) affine byte maps: high nibble to low (>> 4), and H's bits 2b, 2b + 1 to bits 4, 5
+  constexpr int64_t kShr4 = 0x1020408000000000LL;
+  constexpr int64_t kHigh[4] = {0x01020000LL, 0x04080000LL, 0x10200000LL, 0x40800000LL};
+  const __m512 minus160 = _mm512_set1_ps(-160.0f);
+  const int64_t tile_bytes = p.tile_bytes;
+
+  const int8_t* w[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
+  const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair j of row m0 + m at xk[j * MR + m]
+
+  __m512 y[NT][MR];
+  zero(y);
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m512 a0[NT][MR], a1[NT][MR];
+    zero(a0);
+    zero(a1);
+    for (int64_t unit = 0; unit < p.blocks_per_group / 4; ++unit) {
+      __m512i l0[NT], l1[NT], hb[NT];
+      next_unit<NT>(p, w, ahead, l0, l1, hb);
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+          const __m512i src = b < 2 ? l0[t] : l1[t];
+          const __m512i nibble = b % 2 == 0 ? _mm512_and_si512(src, low) : gf_map(src, kShr4);
+          const __m512i u = _mm512_or_si512(nibble, gf_map(hb[t], kHigh[b]));
+          const __m512i z0 = _mm512_permutex2var_epi8(u, pairs01, exp_byte);
+          const __m512i z1 = _mm512_permutex2var_epi8(u, pairs23, exp_byte);
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m) {
+            a0[t][m] = dot_pair<kMulti>(a0[t][m], z0, xk + (2 * b) * MR + m);
+            a1[t][m] = dot_pair<kMulti>(a1[t][m], z1, xk + (2 * b + 1) * MR + m);
+          }
+        }
+      }
+      xk += 8 * MR;  // 16 inputs: 8 pairs
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      // the group's constants: the block after its codes
+      const uint16_t* c = reinterpret_cast<const uint16_t*>(w[t]);
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+      const __m512 o =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
+      const __m512 bias = _mm512_fmadd_ps(s, minus160, o);
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) {
+        y[t][m] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[t][m], a1[t][m]), y[t][m]);
+        y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
+      }
+    }
+    next_block<NT>(p, w, ahead);  // past the constants block
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+template <int NT>
+void run_rows_dot(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: run_block_dot<NT, 1>(p, tile0, m0); break;
+    case 2: run_block_dot<NT, 2>(p, tile0, m0); break;
+    case 3: run_block_dot<NT, 3>(p, tile0, m0); break;
+    case 4: run_block_dot<NT, 4>(p, tile0, m0); break;
+    case 5: run_block_dot<NT, 5>(p, tile0, m0); break;
+    case 6: run_block_dot<NT, 6>(p, tile0, m0); break;
+    case 7: run_block_dot<NT, 7>(p, tile0, m0); break;
+    default: run_block_dot<NT, 8>(p, tile0, m0); break;
+  }
+}
+
+// Tiles [begin, end), all rows: four tiles at once for 1 row, two for 2 or 3 rows (latency of
+// the vdpbf16ps chains), else one tile at a time, each row block in turn.
+void run_range_dot(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + kTileGroup <= end; t += kTileGroup) run_block_dot<kTileGroup, 1>(p, t, 0);
+  } else if (p.M <= 3) {
+    for (; t + 2 <= end; t += 2) run_rows_dot<2>(p, t, 0, p.M);
+  }
+  const int64_t nblocks = num_row_blocks(p.M);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = block_start(p.M, i);
+      run_rows_dot<1>(p, t, m0, block_start(p.M, i + 1) - m0);
+    }
+  }
+}
+#else
+constexpr bool kSixBitDot = false;
+#endif
 
 #endif  // __AVX512F__
 
@@ -639,13 +830,27 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   if (M == 0 || w.N == 0) return;
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, w.group_size);
-  std::vector<float> xf(static_cast<size_t>(M * K));
-  interleave_rows(x, xf.data(), M, K);
+  const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
+#ifdef __AVX512F__
+  const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
+  const bool dot = wide && layout == kSixBit && kSixBitDot;
+#else
+  const bool dot = false;
+#endif
+  // x as the kernels read it: bf16 pairs for the six-bit dot kernel, else fp32
+  std::vector<float> xf(dot ? 0 : static_cast<size_t>(M * K));
+  std::vector<uint32_t> xi(dot ? static_cast<size_t>(M * K / 2) : 0);
+  if (dot) {
+    interleave_pairs(x, xi.data(), M, K);
+  } else {
+    interleave_rows(x, xf.data(), M, K);
+  }
   Problem p;
   p.qweight = reinterpret_cast<const int8_t*>(w.qweight);
   p.scales = w.scales;
   p.row_scale = w.row_scale;
   p.xf = xf.data();
+  p.xi = xi.data();
   p.xsum = xsum.data();
   p.out = out;
   p.out_f32 = out_f32;
@@ -664,12 +869,14 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const int64_t ntile_groups = (ntiles + kTileGroup - 1) / kTileGroup;
   const int64_t grain = std::max<int64_t>(
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
-  const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
-#ifdef __AVX512F__
-  const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
-#endif
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
+#ifdef SPECSERVE_INT8_DOT
+    if (dot) {
+      run_range_dot(p, first, last);
+      return;
+    }
+#endif
 #ifdef __AVX512F__
     if (wide) {
       switch (layout) {
