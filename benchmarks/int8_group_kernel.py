@@ -29,6 +29,12 @@ settings give identical logits.
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
 
+``--part accuracy`` compares the int8 kernels' arithmetic on the gguf 1.5B's LM head (six-bit
+codes) and its own hidden states (as many rows as the largest ``--rows``) with a float64
+product of the same packed codes and constants:
+
+    python benchmarks/int8_group_kernel.py --part accuracy --rows 32
+
 Run it alone on the machine: it measures memory bandwidth.
 """
 
@@ -259,17 +265,60 @@ def part_step(rounds: int, switch: str) -> None:
     )
 
 
+def part_accuracy(rows: int) -> None:
+    """The gguf 1.5B's LM head (Q6_K, six-bit codes) on ``rows`` of its own final hidden
+    states: each int8 kernel's fp32 outputs against a float64 product of the packed codes and
+    constants, so only the kernels' arithmetic differs (the bf16-pair kernel where the CPU has
+    it, the 16- and 8-lane fp32 kernels, which give the byte codes' bits)."""
+    import os
+
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading.quant_cache import load_in_format
+    from specserve.models.native import int8_native
+
+    model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
+    packed = model.lm_head.native
+    if packed is None or packed.code_bits != 6:
+        raise SystemExit("--part accuracy: the LM head is not on the kernel with six-bit codes")
+    cache = SingleSequenceCache(model, 256)
+    hidden = cache.forward([(13 * i + 7) % 1000 + 100 for i in range(rows)])
+    x = model.model.norm(hidden).float()  # bf16 values, as the kernels take them
+    tiles, k, gs = packed.qweight.shape[0], packed.in_features, packed.group_size
+    blocks = packed.code_blocks().view(tiles, k // 4, 2, 4, 8)  # [T, B, h, c, r]
+    codes = blocks.permute(0, 2, 4, 1, 3).reshape(tiles * 16, k).double()
+    const = packed.constants().double() * packed.row_scale.double().view(tiles, 1, 1, 16)
+    scale = const[:, :, 0].permute(0, 2, 1).reshape(tiles * 16, k // gs)
+    offset = const[:, :, 1].permute(0, 2, 1).reshape(tiles * 16, k // gs)
+    w = codes.view(-1, k // gs, gs) * scale[..., None] + offset[..., None]
+    ref = x.double() @ w.view(-1, k)[: packed.out_features].T
+    print(f"LM head {packed.out_features} x {k}, six-bit codes, {rows} rows of its hidden states")
+    print("| kernel | relative error (norm) | largest abs error | mean error (bias) |")
+    print("|---|---|---|---|")
+    for lanes in ("1", "0"):
+        os.environ["SPECSERVE_INT8_AVX512"] = lanes
+        if int8_native.six_bit_dot_products():
+            label = "bf16 pairs (vdpbf16ps)"
+        else:
+            label = "fp32, 16 lanes" if lanes == "1" else "fp32, 8 lanes (= byte codes)"
+        err = int8_native.matmul(x, packed).double() - ref
+        print(
+            f"| {label} | {float(err.norm() / ref.norm()):.2e} | {float(err.abs().max()):.2e} "
+            f"| {float(err.mean()):.1e} |"
+        )
+    os.environ.pop("SPECSERVE_INT8_AVX512")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["matmul", "step"], default="matmul")
+    ap.add_argument("--part", choices=["matmul", "step", "accuracy"], default="matmul")
     ap.add_argument("--rounds", type=int, default=9, help="--part step: rounds (medians)")
     ap.add_argument(
         "--switch",
         choices=list(SWITCHES),
         default="lanes",
         help="--part step: what alternates (the int8 kernel's vector width, how the int4 "
-        "and int8 kernels prefetch, where their packed weights keep the group constants, or the int8 "
-        "kernel's six-bit or byte codes)",
+        "and int8 kernels prefetch, where their packed weights keep the group constants, or "
+        "the int8 kernel's six-bit or byte codes)",
     )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")
@@ -285,6 +334,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.part == "step":
         part_step(args.rounds, args.switch)
+        return 0
+    if args.part == "accuracy":
+        part_accuracy(max(args.rows))
         return 0
     run(args.shape, args.rows, args.budget, not args.no_int4, args.cached)
     return 0
