@@ -274,7 +274,7 @@ def part_accuracy(rows: int) -> None:
 
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.loading.quant_cache import load_in_format
-    from specserve.models.native import int8_native
+    from specserve.models.native import int8_native, six_bit
 
     model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
     packed = model.lm_head.native
@@ -296,7 +296,7 @@ def part_accuracy(rows: int) -> None:
     print("|---|---|---|---|")
     for lanes in ("1", "0"):
         os.environ["SPECSERVE_INT8_AVX512"] = lanes
-        if int8_native.six_bit_dot_products():
+        if six_bit.dot_products():
             label = "bf16 pairs (vdpbf16ps)"
         else:
             label = "fp32, 16 lanes" if lanes == "1" else "fp32, 8 lanes (= byte codes)"

@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from specserve.models.native import int8_native
+from specserve.models.native import int8_native, six_bit
 from specserve.models.native.int8_native import Int8Packed, matmul, pack
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 
@@ -150,9 +150,9 @@ _LANES = ("1", "0") if _cpu_has("avx512f") else ("0",)
 def test_dot_products_follow_the_cpu_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
     monkeypatch.delenv("SPECSERVE_INT8_AVX512", raising=False)
-    assert int8_native.six_bit_dot_products() == all(_cpu_has(f) for f in flags)
+    assert six_bit.dot_products() == all(_cpu_has(f) for f in flags)
     monkeypatch.setenv("SPECSERVE_INT8_AVX512", "0")
-    assert not int8_native.six_bit_dot_products()
+    assert not six_bit.dot_products()
 
 
 @native
@@ -178,7 +178,7 @@ def test_six_bit_codes_give_the_byte_codes_bits(
     ref_w = weight.dequantize(torch.float64)
     for lanes in _LANES:
         monkeypatch.setenv("SPECSERVE_INT8_AVX512", lanes)
-        dot = int8_native.six_bit_dot_products()
+        dot = six_bit.dot_products()
         for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 40):
             x = (torch.randn(m, k, generator=gen) * 3).to(torch.bfloat16)
             y, y32 = matmul(x, six), matmul(x.float(), six)

@@ -14,7 +14,7 @@ rounding of the result).
 Codes in -32 .. 31 (the K-quants' 4-, 5- and 6-bit codes) travel in six bits: :func:`pack`
 stores them so by default (see :class:`Int8Packed`), 3/4 of the bytes of the byte codes. The
 fp32 kernels unpack them to the same bytes before the same arithmetic (bit-identical outputs).
-Where the CPU has AVX-512 BF16, VBMI and GFNI (:func:`six_bit_dot_products`), six-bit codes
+Where the CPU has AVX-512 BF16, VBMI and GFNI (:func:`six_bit.dot_products`), six-bit codes
 run on a kernel of their own instead: ``code + 160`` is exact in bf16, and one ``vdpbf16ps``
 multiplies two inputs' weights of 16 rows by a pair of bf16 inputs, with fp32 sums; per group
 ``y += scale·Σ (code + 160)·x + (offset - 160·scale)·Σ x``. Its outputs agree with the fp32
@@ -44,13 +44,12 @@ one): :func:`pack` takes any object with that weight's four attributes (:class:`
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 import torch
 
-from specserve.models.native import build, huge_pages, tile_stream
+from specserve.models.native import build, huge_pages, six_bit, tile_stream
 from specserve.models.native.availability import Availability
 from specserve.models.native.int4_native import tile_constants
 
@@ -58,14 +57,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BLOCK_K",
-    "SIX_BIT_UNIT_K",
     "TILE_ROWS",
     "GroupWeight",
     "Int8Packed",
     "available",
     "matmul",
     "pack",
-    "six_bit_dot_products",
     "unavailable_reason",
 ]
 
@@ -143,11 +140,11 @@ class Int8Packed(tile_stream.PackedTiles):
             super().__post_init__()
             return
         gs, tiles = self.group_size, q.shape[0]
-        if gs <= 0 or gs % SIX_BIT_UNIT_K:
+        if gs <= 0 or gs % six_bit.UNIT_K:
             raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
-        if q.dtype != torch.int8 or q.shape[2:] != (_unit_blocks(gs) + 1, 64):
+        if q.dtype != torch.int8 or q.shape[2:] != (six_bit.unit_blocks(gs) + 1, 64):
             raise ValueError(
-                f"six-bit qweight must be int8 [Np/16, K/G, {_unit_blocks(gs) + 1}, 64] for "
+                f"six-bit qweight must be int8 [Np/16, K/G, {six_bit.unit_blocks(gs) + 1}, 64] for "
                 f"group_size {gs}, got {q.dtype} {tuple(q.shape)}"
             )
         if self.scales.numel() or self.scales.dtype != torch.float16:
@@ -169,7 +166,7 @@ class Int8Packed(tile_stream.PackedTiles):
             return super().code_blocks()
         tiles = self.qweight.shape[0]
         units = self.qweight[:, :, :-1].reshape(tiles, -1, 3, 64)
-        return _unpack_six_bit(units).reshape(tiles, -1, 64)
+        return six_bit.unpack_units(units).reshape(tiles, -1, 64)
 
     def constants(self) -> torch.Tensor:
         """As :meth:`PackedTiles.constants` (six-bit codes: a view into ``qweight``)."""
@@ -178,55 +175,6 @@ class Int8Packed(tile_stream.PackedTiles):
         tiles, ngroups = self.qweight.shape[:2]
         block = self.qweight[:, :, -1]
         return block.view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
-
-
-SIX_BIT_UNIT_K = 16  # inputs per six-bit unit (three 64-byte blocks)
-
-
-def _unit_blocks(group_size: int) -> int:
-    """Code blocks per group of six-bit codes."""
-    return 3 * group_size // SIX_BIT_UNIT_K
-
-
-def _pack_six_bit(codes: torch.Tensor) -> torch.Tensor:
-    """``codes # [n, K] int8`` in -32 .. 31 (``n`` a multiple of 16, ``K`` of 16) -> the
-    six-bit units, ``# [n / 16, K / 16, 3, 64] int8`` (see :class:`Int8Packed`)."""
-    n, k = codes.shape
-    # row i of tile T, input 16 U + 4 b + c  ->  u_b[16 c + i] of unit U
-    v = codes.view(n // TILE_ROWS, TILE_ROWS, k // SIX_BIT_UNIT_K, 4, 4)  # [T, i, U, b, c]
-    u = (v.permute(0, 2, 3, 4, 1).to(torch.int16) + 32).to(torch.uint8)  # [T, U, b, c, i]
-    u = u.reshape(n // TILE_ROWS, k // SIX_BIT_UNIT_K, 4, 64)
-    low, high = u & 15, u >> 4
-    blocks = torch.stack(
-        (
-            low[:, :, 0] | (low[:, :, 1] << 4),
-            low[:, :, 2] | (low[:, :, 3] << 4),
-            high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6),
-        ),
-        dim=2,
-    )
-    return blocks.view(torch.int8)
-
-
-def _unpack_six_bit(units: torch.Tensor) -> torch.Tensor:
-    """Six-bit units ``# [T, U, 3, 64] int8`` -> their byte code blocks in the byte layout,
-    ``# [T, U * 4, 64] int8`` (the inverse of :func:`_pack_six_bit` then :func:`_pack_codes`)."""
-    b = units.view(torch.uint8)
-    l0, l1, hb = b[:, :, 0], b[:, :, 1], b[:, :, 2]
-    u = torch.stack(
-        (
-            (l0 & 15) | ((hb & 3) << 4),
-            (l0 >> 4) | (((hb >> 2) & 3) << 4),
-            (l1 & 15) | (((hb >> 4) & 3) << 4),
-            (l1 >> 4) | ((hb >> 6) << 4),
-        ),
-        dim=2,
-    )  # [T, U, b, 64 = (c, i)]
-    codes = (u.to(torch.int16) - 32).to(torch.int8)
-    t, nu = units.shape[:2]
-    # byte layout: block 4 U + b, byte h * 32 + c * 8 + r for row i = 8 h + r
-    v = codes.view(t, nu, 4, 4, 2, 8).permute(0, 1, 2, 4, 3, 5)  # [T, U, b, h, c, r]
-    return v.reshape(t, nu * 4, 64)
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -263,16 +211,16 @@ def pack(
         )
     if weight.scale.shape != (n, k // gs) or weight.offset.shape != (n, k // gs):
         raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
-    six_fits = inline_constants and gs % SIX_BIT_UNIT_K == 0
+    six_fits = inline_constants and gs % six_bit.UNIT_K == 0
     if code_bits is None:
-        code_bits = 6 if six_fits and _codes_fit_six_bits(codes_all) else 8
+        code_bits = 6 if six_fits and six_bit.codes_fit(codes_all) else 8
     elif code_bits == 6:
         if not six_fits:
             raise ValueError(
                 "six-bit codes need the constants inline and a group_size that is a multiple "
                 f"of 16, got group_size {gs}, inline_constants={inline_constants}"
             )
-        if not _codes_fit_six_bits(codes_all):
+        if not six_bit.codes_fit(codes_all):
             raise ValueError("six-bit codes must lie in -32 .. 31")
     elif code_bits != 8:
         raise ValueError(f"code_bits must be 6, 8 or None, got {code_bits}")
@@ -280,9 +228,9 @@ def pack(
     ngroups, bpg = k // gs, gs // BLOCK_K
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
     if code_bits == 6:
-        qweight = huge_pages.empty((tiles, ngroups, _unit_blocks(gs) + 1, 64), torch.int8)
+        qweight = huge_pages.empty((tiles, ngroups, six_bit.unit_blocks(gs) + 1, 64), torch.int8)
         scales = torch.empty(0, dtype=torch.float16)
-        code_view = qweight[:, :, :-1].view(tiles, ngroups, gs // SIX_BIT_UNIT_K, 3, 64)
+        code_view = qweight[:, :, :-1].view(tiles, ngroups, gs // six_bit.UNIT_K, 3, 64)
         const_view = qweight[:, :, -1].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
     else:
         qweight, scales, code_view, const_view = tile_stream.allocate(
@@ -304,29 +252,11 @@ def pack(
             raise ValueError("int8-group scales / offsets must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
         if code_bits == 6:
-            code_view[t0:t1] = _pack_six_bit(codes).view(code_view[t0:t1].shape)
+            code_view[t0:t1] = six_bit.pack_units(codes).view(code_view[t0:t1].shape)
         else:
             code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
         const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, off)
     return Int8Packed(qweight, scales, row_scale, n, gs)
-
-
-_DOT_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
-
-
-def six_bit_dot_products() -> bool:
-    """Whether six-bit codes run on the bf16-pair kernel here: the CPU has AVX-512 BW, VBMI,
-    BF16 and GFNI (the library is built for this CPU, ``-march=native``) and
-    ``SPECSERVE_INT8_AVX512`` is not ``0`` (which runs the fp32 8-lane kernels for every
-    layout). Read on every call, like the kernel reads the switch."""
-    if os.environ.get("SPECSERVE_INT8_AVX512") == "0":
-        return False
-    return all(flag in build.cpu_signature()[1] for flag in _DOT_FLAGS)
-
-
-def _codes_fit_six_bits(codes: torch.Tensor) -> bool:
-    """Whether every code lies in -32 .. 31."""
-    return codes.numel() == 0 or (int(codes.min()) >= -32 and int(codes.max()) <= 31)
 
 
 # ---------------------------------------------------------------- matmul --------------------

@@ -86,7 +86,6 @@ constexpr int64_t kPrefetch = 2048;
 // in flight. On the same host, matmuls of 5 - 8 rows from memory ran 9 - 22 % faster with 6144
 // than with 2048 (docs/benchmarks.md), and much slower with exactly 4096 in a trial build.
 constexpr int64_t kPrefetchOneTile = 6144;
-constexpr int64_t kUnitK = 16;      // inputs per six-bit unit (three 64-byte blocks)
 
 // Where a tile's stream keeps codes and constants: byte codes with the constants apart (in
 // `scales`) or inline, or six-bit codes with the constants inline.
