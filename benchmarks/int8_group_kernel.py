@@ -29,6 +29,11 @@ settings give identical logits.
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
 
+``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
+``--rows`` against its 113 matmuls alone, alternating (what the rest of a step costs):
+
+    python benchmarks/int8_group_kernel.py --part breakdown --rows 1 --rounds 25
+
 ``--part accuracy`` compares the int8 kernels' arithmetic on the gguf 1.5B's LM head (six-bit
 codes) and its own hidden states (as many rows as the largest ``--rows``) with a float64
 product of the same packed codes and constants:
@@ -308,9 +313,66 @@ def part_accuracy(rows: int) -> None:
     os.environ.pop("SPECSERVE_INT8_AVX512")
 
 
+def part_breakdown(rounds: int, tokens: int) -> None:
+    """Where a step of the gguf 1.5B goes: the whole forward over ``tokens`` new tokens at a
+    200-token context with its logits, against its 113 matmuls alone (each layer's qkv, o,
+    gate_up and down, then the LM head, on the same packed weights in the same order, through
+    the ops directly), alternating; the rest of a step (attention, norms, the residual adds,
+    the embedding row, the hand-offs between ops) is the difference."""
+    import statistics
+
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading.quant_cache import load_in_format
+    from specserve.models.quant.int8_group import Int8GroupLinear
+
+    model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
+    linears = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    linears.append(model.lm_head)
+    calls = []
+    for m in linears:
+        p = m.native
+        op = torch.ops.specserve.int8_gemm if isinstance(m, Int8GroupLinear) else None
+        op = op or torch.ops.specserve.int4_gemm
+        x = torch.randn(tokens, p.in_features).to(torch.bfloat16)
+        calls.append((op, x, (p.qweight, p.scales, p.row_scale, p.out_features, p.group_size)))
+    weight_bytes = sum(m.native.nbytes() for m in linears)
+    context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
+    new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640][:tokens]
+    cache = SingleSequenceCache(model, 256)
+    cache.forward(context)
+
+    def step() -> float:
+        cache.truncate(len(context))
+        t0 = time.perf_counter()
+        model.compute_logits(cache.forward(new))
+        return time.perf_counter() - t0
+
+    def matmuls() -> float:
+        t0 = time.perf_counter()
+        for op, x, args in calls:
+            op(x, *args)
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"step": [], "matmuls": []}
+    for _ in range(rounds):
+        times["step"].append(step())
+        times["matmuls"].append(matmuls())
+    med = {key: statistics.median(v) for key, v in times.items()}
+    share = statistics.median(b / a for a, b in zip(times["step"], times["matmuls"], strict=True))
+    print(f"gguf 1.5B, {tokens} new token(s), {len(calls)} matmuls, {weight_bytes / 1e9:.3f} GB")
+    print("| part | ms (median) | GB/s of the weights |")
+    print("|---|---|---|")
+    for key in ("step", "matmuls"):
+        print(f"| {key} | {med[key] * 1e3:.1f} | {weight_bytes / med[key] / 1e9:.1f} |")
+    print(f"matmuls / step, median of the rounds' ratios: {share:.2f} ({rounds} rounds)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["matmul", "step", "accuracy"], default="matmul")
+    ap.add_argument("--part", choices=["matmul", "step", "accuracy", "breakdown"], default="matmul")
     ap.add_argument("--rounds", type=int, default=9, help="--part step: rounds (medians)")
     ap.add_argument(
         "--switch",
@@ -337,6 +399,9 @@ def main() -> int:
         return 0
     if args.part == "accuracy":
         part_accuracy(max(args.rows))
+        return 0
+    if args.part == "breakdown":
+        part_breakdown(args.rounds, min(args.rows))
         return 0
     run(args.shape, args.rows, args.budget, not args.no_int4, args.cached)
     return 0
