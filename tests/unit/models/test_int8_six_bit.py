@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from specserve.models.native import int8_native, six_bit
+from specserve.models.native import build, int8_native, six_bit
 from specserve.models.native.int8_native import Int8Packed, matmul, pack
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 
@@ -136,21 +136,16 @@ def test_chunked_six_bit_packing_matches_a_single_chunk(monkeypatch: pytest.Monk
 # ---------------------------------------------------------------- kernel --------------------
 
 
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(flag in line.split() for line in f if line.startswith("flags"))
-    except OSError:
-        return False
+_, _FLAGS = build.cpu_signature()
 
 
-_LANES = ("1", "0") if _cpu_has("avx512f") else ("0",)
+_LANES = ("1", "0") if "avx512f" in _FLAGS else ("0",)
 
 
 def test_dot_products_follow_the_cpu_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     flags = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
     monkeypatch.delenv("SPECSERVE_INT8_AVX512", raising=False)
-    assert six_bit.dot_products() == all(_cpu_has(f) for f in flags)
+    assert six_bit.dot_products() == all(f in _FLAGS for f in flags)
     monkeypatch.setenv("SPECSERVE_INT8_AVX512", "0")
     assert not six_bit.dot_products()
 
