@@ -194,7 +194,8 @@ def pack(
 
     ``code_bits``: 6 stores the codes in six bits (they must lie in -32 .. 31, the group size
     be a multiple of 16 and the constants inline), 8 as bytes; None (the default) takes 6
-    wherever those hold. Both give the same bits out.
+    wherever those hold. The fp32 kernels give both the same bits; where six-bit codes run as
+    bf16 pairs (:func:`six_bit.dot_products`) their sums round differently.
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
