@@ -100,7 +100,7 @@ struct Problem {
   const uint8_t* qweight;  // [ntiles, K / 8 (+ ngroups), 64]
   const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]; nullptr when inline
   const float* row_scale;  // [ntiles * 16]
-  const uint32_t* xi;      // AVX-512: bf16 pairs of x, row-block interleaved (interleave_rows)
+  const uint32_t* xi;      // AVX-512: bf16 pairs of x, row-block interleaved (interleave_pairs)
   const float* xf;         // AVX2: x in fp32, row-block interleaved (interleave_rows_f32)
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
@@ -115,47 +115,14 @@ struct Problem {
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
 // block_start(M, i). Only which rows share a register block depends on M, never the
 // arithmetic of a row.
-inline int64_t num_row_blocks(int64_t M) { return (M + kMaxRows - 1) / kMaxRows; }
+inline int64_t num_row_blocks(int64_t M) { return specserve_native::num_row_blocks(M, kMaxRows); }
 inline int64_t block_start(int64_t M, int64_t i) {
-  const int64_t n = num_row_blocks(M), base = M / n, extra = M % n;
-  return i * base + std::min(i, extra);
+  return specserve_native::row_block_start(M, kMaxRows, i);
 }
 
 #ifdef SPECSERVE_INT4_AVX512
 
-// xi: for the row block [m0, m0 + rows), the K/2 bf16 pairs of its rows interleaved
-// (pair kp of row m0 + r at xi[m0 * K/2 + kp * rows + r]), so one pointer and constant offsets
-// reach every row's broadcast operand. A 1-row block is the row itself.
-void interleave_rows(const uint32_t* x, uint32_t* xi, int64_t M, int64_t K) {
-  const int64_t kp_count = K / 2;
-  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
-    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
-    uint32_t* dst = xi + m0 * kp_count;
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint32_t* src = x + (m0 + r) * kp_count;
-      for (int64_t kp = 0; kp < kp_count; ++kp) dst[kp * rows + r] = src[kp];
-    }
-  }
-}
-
-inline __m512i bcast_pair(const uint32_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(static_cast<int>(v));
-}
-
-// acc += dot2(w, broadcast(*p)) per fp32 lane. Multi-row kernels fold the broadcast into the
-// instruction's memory operand (GCC does not; measured ~20% faster with 5 rows, slower with
-// 1). Same instruction, same operands: bit-identical either way.
-template <bool kEmbedded>
-inline __m512 dp(__m512 acc, __m512i w, const uint32_t* p) {
-  if constexpr (kEmbedded) {
-    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
-    return acc;
-  } else {
-    return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)bcast_pair(p));
-  }
-}
+using specserve_native::dot_pair;
 
 // Tiles [tile0, tile0 + NT) for the MR rows of the row block at m0: the canonical arithmetic
 // above. Each tile's stream is prefetched kPrefetch bytes ahead (kPrefetchOneTile when one tile
@@ -213,10 +180,10 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
         const __m512i z2 = _mm512_unpacklo_epi8(hi, exp_byte);
         const __m512i z3 = _mm512_unpackhi_epi8(hi, exp_byte);
         for (int m = 0; m < MR; ++m) {
-          a0[t][m] = dp<kMulti>(a0[t][m], z0, xk + 0 * MR + m);
-          a1[t][m] = dp<kMulti>(a1[t][m], z1, xk + 1 * MR + m);
-          a0[t][m] = dp<kMulti>(a0[t][m], z2, xk + 2 * MR + m);
-          a1[t][m] = dp<kMulti>(a1[t][m], z3, xk + 3 * MR + m);
+          a0[t][m] = dot_pair<kMulti>(a0[t][m], z0, xk + 0 * MR + m);
+          a1[t][m] = dot_pair<kMulti>(a1[t][m], z1, xk + 1 * MR + m);
+          a0[t][m] = dot_pair<kMulti>(a0[t][m], z2, xk + 2 * MR + m);
+          a1[t][m] = dot_pair<kMulti>(a1[t][m], z3, xk + 3 * MR + m);
         }
       }
       xk += 4 * MR;
@@ -595,65 +562,45 @@ namespace specserve_native {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-namespace {
-
-// tile_packed_weight for six-bit int8-group codes: qweight int8 [Np / 16, K / G, 3 G / 16 + 1,
-// 64] (per group G / 16 units of three code blocks, then the constants), scales empty.
-PackedWeight six_bit_packed_weight(const Tensor& qweight, const Tensor& scales,
-                                   const Tensor& row_scale, int64_t out_features,
-                                   int64_t group_size, const char* what) {
-  STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
-                  ": CPU tensors only");
-  STD_TORCH_CHECK(group_size > 0 && group_size % 16 == 0, what,
-                  ": six-bit codes need a group_size that is a positive multiple of 16");
-  STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
-                      qweight.size(2) == 3 * group_size / 16 + 1 &&
-                      qweight.size(3) == kBlockBytes && qweight.is_contiguous(),
-                  what, ": six-bit qweight must be contiguous int8 [Np/16, K/G, ",
-                  3 * group_size / 16 + 1, ", 64] for group_size ", group_size);
-  STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half && scales.numel() == 0, what,
-                  ": six-bit codes keep their constants inline (scales must be empty fp16)");
-  const int64_t ntiles = qweight.size(0);
-  STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
-                  ": out_features does not match the packed rows");
-  STD_TORCH_CHECK(row_scale.scalar_type() == ScalarType::Float && row_scale.is_contiguous() &&
-                      row_scale.numel() == ntiles * kTile,
-                  what, ": row_scale must be contiguous fp32 [Np]");
-  PackedWeight w{static_cast<const uint8_t*>(qweight.const_data_ptr()), nullptr,
-                 static_cast<const float*>(row_scale.const_data_ptr()), out_features,
-                 qweight.size(1) * group_size, group_size, 6};
-  w.inline_constants = true;
-  w.tile_bytes = qweight.size(1) * qweight.size(2) * kBlockBytes;
-  return w;
-}
-
-}  // namespace
-
 PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                                 const Tensor& row_scale, int64_t out_features, int64_t group_size,
                                 const char* what, int bits) {
-  if (bits == 6) return six_bit_packed_weight(qweight, scales, row_scale, out_features,
-                                             group_size, what);
-  // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
-  const int64_t block_k = bits == 4 ? 8 : 4;
-  const ScalarType code_type = bits == 4 ? ScalarType::Byte : ScalarType::Char;
-  const char* layout = bits == 4 ? "uint8 [Np/16, K/8 (+ K/G), 64]" : "int8 [Np/16, K/4 (+ K/G), 64]";
   STD_TORCH_CHECK(qweight.is_cpu() && scales.is_cpu() && row_scale.is_cpu(), what,
                   ": CPU tensors only");
-  STD_TORCH_CHECK(qweight.scalar_type() == code_type && qweight.dim() == 3 &&
-                      qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
-                  what, ": qweight must be contiguous ", layout);
-  STD_TORCH_CHECK(group_size > 0 && group_size % block_k == 0, what,
-                  ": group_size must be a positive multiple of ", block_k);
-  const int64_t ntiles = qweight.size(0);
   // Empty scales: the constants are inline, one block after each group's code blocks.
   const bool inline_constants = scales.numel() == 0;
-  const int64_t per_group = group_size / block_k + (inline_constants ? 1 : 0);
-  STD_TORCH_CHECK(qweight.size(1) % per_group == 0, what, ": qweight has ", qweight.size(1),
-                  " blocks per tile, not whole groups of ", per_group, " for group_size ",
-                  group_size);
-  const int64_t ngroups = qweight.size(1) / per_group;
-  const int64_t K = ngroups * group_size;
+  int64_t ngroups = 0;
+  if (bits == 6) {
+    // six-bit int8-group codes: [Np/16, K/G, 3 G/16 + 1, 64], G/16 units of three code blocks
+    // a group, then the constants (always inline)
+    STD_TORCH_CHECK(group_size > 0 && group_size % 16 == 0, what,
+                    ": six-bit codes need a group_size that is a positive multiple of 16");
+    STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
+                        qweight.size(2) == 3 * group_size / 16 + 1 &&
+                        qweight.size(3) == kBlockBytes && qweight.is_contiguous(),
+                    what, ": six-bit qweight must be contiguous int8 [Np/16, K/G, ",
+                    3 * group_size / 16 + 1, ", 64] for group_size ", group_size);
+    STD_TORCH_CHECK(inline_constants, what,
+                    ": six-bit codes keep their constants inline (scales must be empty fp16)");
+    ngroups = qweight.size(1);
+  } else {
+    // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
+    const int64_t block_k = bits == 4 ? 8 : 4;
+    const ScalarType code_type = bits == 4 ? ScalarType::Byte : ScalarType::Char;
+    const char* layout =
+        bits == 4 ? "uint8 [Np/16, K/8 (+ K/G), 64]" : "int8 [Np/16, K/4 (+ K/G), 64]";
+    STD_TORCH_CHECK(qweight.scalar_type() == code_type && qweight.dim() == 3 &&
+                        qweight.size(2) == kBlockBytes && qweight.is_contiguous(),
+                    what, ": qweight must be contiguous ", layout);
+    STD_TORCH_CHECK(group_size > 0 && group_size % block_k == 0, what,
+                    ": group_size must be a positive multiple of ", block_k);
+    const int64_t per_group = group_size / block_k + (inline_constants ? 1 : 0);
+    STD_TORCH_CHECK(qweight.size(1) % per_group == 0, what, ": qweight has ", qweight.size(1),
+                    " blocks per tile, not whole groups of ", per_group, " for group_size ",
+                    group_size);
+    ngroups = qweight.size(1) / per_group;
+  }
+  const int64_t ntiles = qweight.size(0);
   STD_TORCH_CHECK(out_features > (ntiles - 1) * kTile && out_features <= ntiles * kTile, what,
                   ": out_features does not match the packed rows");
   STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half &&
@@ -665,10 +612,10 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                   what, ": row_scale must be contiguous fp32 [Np]");
   PackedWeight w{static_cast<const uint8_t*>(qweight.const_data_ptr()),
                  inline_constants ? nullptr : static_cast<const uint16_t*>(scales.const_data_ptr()),
-                 static_cast<const float*>(row_scale.const_data_ptr()), out_features, K,
-                 group_size, bits};
+                 static_cast<const float*>(row_scale.const_data_ptr()), out_features,
+                 ngroups * group_size, group_size, bits};
   w.inline_constants = inline_constants;
-  w.tile_bytes = qweight.size(1) * kBlockBytes;
+  w.tile_bytes = qweight.size(1) * (bits == 6 ? qweight.size(2) : 1) * kBlockBytes;
   return w;
 }
 
@@ -696,7 +643,7 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
   if (M > 1) {
     xi.resize(static_cast<size_t>(M * K / 2));
-    interleave_rows(xip, xi.data(), M, K);
+    specserve_native::interleave_pairs(xip, xi.data(), M, K / 2, kMaxRows);
     xip = xi.data();
   }
   p.xi = xip;

@@ -13,7 +13,9 @@ namespace specserve_native {
 // (int4_gemv.cpp, int4_native.py), bits 8 the int8-group layout and bits 6 its six-bit codes
 // (int8_gemv.cpp, int8_native.py).
 struct PackedWeight {
-  const uint8_t* qweight;  // int4: [Np / 16, K / 8 (+ K / G), 64]; int8: [Np / 16, K / 4 (+ K / G), 64]
+  // int4: [Np / 16, K / 8 (+ K / G), 64]; int8: [Np / 16, K / 4 (+ K / G), 64]; six-bit int8:
+  // [Np / 16, K / G, 3 G / 16 + 1, 64]
+  const uint8_t* qweight;
   const uint16_t* scales;  // fp16 bits [Np / 16, K / G, 2, 16]; nullptr when inline
   const float* row_scale;  // [Np]
   int64_t N, K, group_size;

@@ -118,10 +118,9 @@ struct Problem {
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
 // block_start(M, i). Only which rows share a register block depends on M, never the
 // arithmetic of a row.
-inline int64_t num_row_blocks(int64_t M) { return (M + kMaxRows - 1) / kMaxRows; }
+inline int64_t num_row_blocks(int64_t M) { return specserve_native::num_row_blocks(M, kMaxRows); }
 inline int64_t block_start(int64_t M, int64_t i) {
-  const int64_t n = num_row_blocks(M), base = M / n, extra = M % n;
-  return i * base + std::min(i, extra);
+  return specserve_native::row_block_start(M, kMaxRows, i);
 }
 
 // xf: for the row block [m0, m0 + rows), x in fp32 with its rows interleaved (x[m0 + r, k] at
@@ -134,23 +133,6 @@ void interleave_rows(const uint16_t* x, float* xf, int64_t M, int64_t K) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint16_t* src = x + (m0 + r) * K;
       for (int64_t k = 0; k < K; ++k) dst[k * rows + r] = specserve_native::bf16_to_float(src[k]);
-    }
-  }
-}
-
-// xi: for the row block [m0, m0 + rows), the K / 2 bf16 pairs (x[k], x[k + 1]) of its rows
-// interleaved (pair j of row m0 + r at xi[m0 * K / 2 + j * rows + r]), for vdpbf16ps.
-void interleave_pairs(const uint16_t* x, uint32_t* xi, int64_t M, int64_t K) {
-  const int64_t pairs = K / 2;
-  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
-    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
-    uint32_t* dst = xi + m0 * pairs;
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint16_t* src = x + (m0 + r) * K;
-      for (int64_t j = 0; j < pairs; ++j) {
-        dst[j * rows + r] = static_cast<uint32_t>(src[2 * j]) |
-                            static_cast<uint32_t>(src[2 * j + 1]) << 16;
-      }
     }
   }
 }
@@ -390,7 +372,8 @@ inline __m512i unpack_six_bit16(__m512i l0, __m512i l1, __m512i hb) {
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
   __m512i u;  // 32-bit shifts: the masks drop what crosses a byte
   if constexpr (b == 0) {
-    u = _mm512_or_si512(_mm512_and_si512(l0, low), _mm512_and_si512(_mm512_slli_epi32(hb, 4), high));
+    u = _mm512_or_si512(_mm512_and_si512(l0, low),
+                        _mm512_and_si512(_mm512_slli_epi32(hb, 4), high));
   } else if constexpr (b == 1) {
     u = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(l0, 4), low),
                         _mm512_and_si512(_mm512_slli_epi32(hb, 2), high));
@@ -610,39 +593,32 @@ inline __m512i gf_map(__m512i v, int64_t matrix) {
   return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(matrix), 0);
 }
 
-// vdpbf16ps of acc with w and the broadcast bf16 pair at p, its memory operand folded into the
-// instruction for multi-row blocks (as in int4_gemv.cpp: the same instruction either way).
-template <bool kEmbedded>
-inline __m512 dot_pair(__m512 acc, __m512i w, const uint32_t* p) {
-  if constexpr (kEmbedded) {
-    asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
-    return acc;
-  } else {
-    uint32_t v;
-    std::memcpy(&v, p, sizeof(v));
-    return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(v)));
-  }
-}
+using specserve_native::dot_pair;
 
 // vpermt2b indices: 32-bit lane i of the pair vector of inputs (c, c + 1) of a block takes byte
 // 16 c + i (row i of input c) and byte 16 (c + 1) + i, each followed by 0x43 (from the second
-// source).
-inline __m512i pair_index(int c) {
+// source). Built at compile time, loaded once per kernel call.
+struct PairIndex {
   alignas(64) uint8_t idx[64];
+};
+constexpr PairIndex make_pair_index(int c) {
+  PairIndex r{};
   for (int i = 0; i < 16; ++i) {
-    idx[4 * i] = static_cast<uint8_t>(16 * c + i);
-    idx[4 * i + 1] = 64;
-    idx[4 * i + 2] = static_cast<uint8_t>(16 * (c + 1) + i);
-    idx[4 * i + 3] = 64;
+    r.idx[4 * i] = static_cast<uint8_t>(16 * c + i);
+    r.idx[4 * i + 1] = 64;
+    r.idx[4 * i + 2] = static_cast<uint8_t>(16 * (c + 1) + i);
+    r.idx[4 * i + 3] = 64;
   }
-  return _mm512_load_si512(idx);
+  return r;
 }
+constexpr PairIndex kPairs01 = make_pair_index(0), kPairs23 = make_pair_index(2);
 
 template <int NT, int MR>
 void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
   const __m512i low = _mm512_set1_epi8(0x0F), exp_byte = _mm512_set1_epi8(0x43);
-  const __m512i pairs01 = pair_index(0), pairs23 = pair_index(2);
+  const __m512i pairs01 = _mm512_load_si512(kPairs01.idx);
+  const __m512i pairs23 = _mm512_load_si512(kPairs23.idx);
   // GF(2) affine byte maps: high nibble to low (>> 4), and H's bits 2b, 2b + 1 to bits 4, 5
   constexpr int64_t kShr4 = 0x1020408000000000LL;
   constexpr int64_t kHigh[4] = {0x01020000LL, 0x04080000LL, 0x10200000LL, 0x40800000LL};
@@ -838,10 +814,12 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #endif
   // x as the kernels read it: bf16 pairs for the six-bit dot kernel, else fp32
   std::vector<float> xf(dot ? 0 : static_cast<size_t>(M * K));
-  std::vector<uint32_t> xi(dot ? static_cast<size_t>(M * K / 2) : 0);
-  if (dot) {
-    interleave_pairs(x, xi.data(), M, K);
-  } else {
+  std::vector<uint32_t> xi(dot && M > 1 ? static_cast<size_t>(M * K / 2) : 0);
+  const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
+  if (dot && M > 1) {
+    specserve_native::interleave_pairs(xip, xi.data(), M, K / 2, kMaxRows);
+    xip = xi.data();
+  } else if (!dot) {
     interleave_rows(x, xf.data(), M, K);
   }
   Problem p;
@@ -849,7 +827,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.scales = w.scales;
   p.row_scale = w.row_scale;
   p.xf = xf.data();
-  p.xi = xi.data();
+  p.xi = xip;
   p.xsum = xsum.data();
   p.out = out;
   p.out_f32 = out_f32;
