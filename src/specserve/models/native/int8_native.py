@@ -134,12 +134,12 @@ class Int8Packed(tile_stream.PackedTiles):
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        q = self.qweight
+    def _layout_k(self) -> tuple[int, bool]:
+        """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit
+        layout (the constants always inline)."""
+        q, gs = self.qweight, self.group_size
         if q.dim() != 4:
-            super().__post_init__()
-            return
-        gs, tiles = self.group_size, q.shape[0]
+            return super()._layout_k()
         if gs <= 0 or gs % six_bit.UNIT_K:
             raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
         if q.dtype != torch.int8 or q.shape[2:] != (six_bit.unit_blocks(gs) + 1, 64):
@@ -149,11 +149,7 @@ class Int8Packed(tile_stream.PackedTiles):
             )
         if self.scales.numel() or self.scales.dtype != torch.float16:
             raise ValueError("six-bit codes keep their constants inline: scales must be empty fp16")
-        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
-            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if self.row_scale.dtype != torch.float32 or self.row_scale.shape != (tiles * TILE_ROWS,):
-            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
-        self.in_features, self.inline_constants = q.shape[1] * gs, True
+        return q.shape[1] * gs, True
 
     @property
     def code_bits(self) -> int:
@@ -172,9 +168,7 @@ class Int8Packed(tile_stream.PackedTiles):
         """As :meth:`PackedTiles.constants` (six-bit codes: a view into ``qweight``)."""
         if self.code_bits == 8:
             return super().constants()
-        tiles, ngroups = self.qweight.shape[:2]
-        block = self.qweight[:, :, -1]
-        return block.view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+        return tile_stream.group_views(self.qweight)[1]
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -231,8 +225,8 @@ def pack(
     if code_bits == 6:
         qweight = huge_pages.empty((tiles, ngroups, six_bit.unit_blocks(gs) + 1, 64), torch.int8)
         scales = torch.empty(0, dtype=torch.float16)
-        code_view = qweight[:, :, :-1].view(tiles, ngroups, gs // six_bit.UNIT_K, 3, 64)
-        const_view = qweight[:, :, -1].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+        units, const_view = tile_stream.group_views(qweight)
+        code_view = units.view(tiles, ngroups, gs // six_bit.UNIT_K, 3, 64)
     else:
         qweight, scales, code_view, const_view = tile_stream.allocate(
             tiles, k, gs, BLOCK_K, torch.int8, inline_constants

@@ -19,7 +19,15 @@ import torch
 
 from specserve.models.native import huge_pages
 
-__all__ = ["TILE_ROWS", "PackedTiles", "allocate", "code_blocks", "constants", "layout_k"]
+__all__ = [
+    "TILE_ROWS",
+    "PackedTiles",
+    "allocate",
+    "code_blocks",
+    "constants",
+    "group_views",
+    "layout_k",
+]
 
 TILE_ROWS = 16  # output rows per tile
 BLOCK_BYTES = 64
@@ -36,13 +44,21 @@ def allocate(
     ngroups, bpg = k // group_size, group_size // block_k
     if inline:
         qweight = huge_pages.empty((tiles, ngroups * (bpg + 1), BLOCK_BYTES), dtype)
-        grouped = qweight.view(tiles, ngroups, bpg + 1, BLOCK_BYTES)
-        code_view = grouped[:, :, :bpg]
-        constant_view = grouped[:, :, bpg].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+        code_view, constant_view = group_views(qweight.view(tiles, ngroups, bpg + 1, BLOCK_BYTES))
         return qweight, torch.empty(0, dtype=torch.float16), code_view, constant_view
     qweight = huge_pages.empty((tiles, k // block_k, BLOCK_BYTES), dtype)
     scales = huge_pages.empty((tiles, ngroups, 2, TILE_ROWS), torch.float16)
     return qweight, scales, qweight.view(tiles, ngroups, bpg, BLOCK_BYTES), scales
+
+
+def group_views(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(code blocks, constants)`` of a tile stream with the constants inline, seen per group:
+    ``grouped # [tiles, K / G, blocks per group + 1, 64]`` -> its code blocks
+    ``# [tiles, K / G, blocks per group, 64]`` and constants ``# [tiles, K / G, 2, 16] fp16``
+    (both views)."""
+    tiles, ngroups = grouped.shape[:2]
+    constant_view = grouped[:, :, -1].view(torch.float16).view(tiles, ngroups, 2, TILE_ROWS)
+    return grouped[:, :, :-1], constant_view
 
 
 def layout_k(
@@ -86,15 +102,14 @@ def layout_k(
 def code_blocks(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Tensor:
     """The code blocks of an inline ``qweight``, ``# [tiles, K / block_k, 64]`` (a copy)."""
     bpg = group_size // block_k
-    grouped = qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES)
-    return grouped[:, :, :bpg].reshape(qweight.shape[0], -1, BLOCK_BYTES)
+    codes = group_views(qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES))[0]
+    return codes.reshape(qweight.shape[0], -1, BLOCK_BYTES)
 
 
 def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Tensor:
     """The constants of an inline ``qweight``, ``# [tiles, K / G, 2, 16] fp16`` (a view)."""
     bpg = group_size // block_k
-    block = qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES)[:, :, bpg]
-    return block.view(torch.float16).view(qweight.shape[0], -1, 2, TILE_ROWS)
+    return group_views(qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES))[1]
 
 
 class PackedTiles:
@@ -116,20 +131,27 @@ class PackedTiles:
 
     def __post_init__(self) -> None:
         q, r = self.qweight, self.row_scale
+        tiles = q.shape[0]
+        self.in_features, self.inline_constants = self._layout_k()
+        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
+            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
+        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
+            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+
+    def _layout_k(self) -> tuple[int, bool]:
+        """``(K, inline)`` of ``qweight`` and ``scales``, checked (see :func:`layout_k`).
+
+        Raises:
+            ValueError: wrong dtype or shape of ``qweight``, or as :func:`layout_k`.
+        """
+        q = self.qweight
         if q.dtype != self.CODE_DTYPE or q.dim() != 3 or q.shape[2] != BLOCK_BYTES:
             code = str(self.CODE_DTYPE).removeprefix("torch.")
             raise ValueError(
                 f"qweight must be {code} [Np/16, K/{self.BLOCK_K} (+ K/G), 64], "
                 f"got {q.dtype} {q.shape}"
             )
-        tiles = q.shape[0]
-        self.in_features, self.inline_constants = layout_k(
-            q, self.scales, self.group_size, self.BLOCK_K
-        )
-        if not (tiles - 1) * TILE_ROWS < self.out_features <= tiles * TILE_ROWS:
-            raise ValueError(f"out_features {self.out_features} does not fit {tiles} tiles")
-        if r.dtype != torch.float32 or r.shape != (tiles * TILE_ROWS,):
-            raise ValueError(f"row_scale must be fp32 [{tiles * TILE_ROWS}]")
+        return layout_k(q, self.scales, self.group_size, self.BLOCK_K)
 
     def nbytes(self) -> int:
         """Bytes a matmul reads from the weight (codes, constants, row scales)."""
