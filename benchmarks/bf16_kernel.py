@@ -2,13 +2,17 @@
 
 ``--part matmul``: for the Qwen2.5-Coder-1.5B shapes, weight bytes read per second by
 ``specserve::bf16_gemm`` and by ``torch.nn.functional.linear`` (bf16) at M = 1, 5 and 16
-rows. Each timing rotates over enough weight copies (>= 128 MB) that reads come from memory,
-not from the last-level cache, as in real decoding; best of 3.
+rows; on a CPU whose bf16 matmul runs on the AMX tiles, also by ``bf16_gemm`` with
+``SPECSERVE_BF16_AMX=0`` (its AVX-512 BF16 kernel). Each timing rotates over enough weight
+copies (>= 128 MB) that reads come from memory, not from the last-level cache, as in real
+decoding; best of 3.
 
 ``--part step``: one forward of the 1.5B in bf16 over T = 1 and T = 5 new tokens at a
 200-token context, on the native path (one ``bf16_decoder_layer`` op per layer and the
 native LM head) and on the eager path (PyTorch's linears, ``fused_layer.disable``), the two
-alternating on the same model so that both see the same machine; medians. It also says
+alternating on the same model so that both see the same machine; medians. Where the bf16
+matmul runs on the AMX tiles, the native path also runs with them switched off
+(``SPECSERVE_BF16_AMX=0``, read on every call) in the same alternation. It also says
 whether each path's T = 5 rows equal, bit for bit, what five T = 1 steps give (the condition
 for greedy speculative output to equal plain output).
 
@@ -27,6 +31,7 @@ Run it alone on the machine: it measures memory bandwidth.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -37,6 +42,15 @@ from specserve.models.native import bf16_native
 
 SHAPES = [(1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536), (1536, 151936)]  # K, N
 ROWS = (1, 5, 16)
+AMX_SWITCH = "SPECSERVE_BF16_AMX"
+
+
+def _amx_here() -> bool:
+    return bf16_native.available() and bf16_native.kernel() == "AMX tiles"
+
+
+def _set_amx(on: bool) -> None:
+    os.environ[AMX_SWITCH] = "1" if on else "0"
 
 
 def _best_of(fn: Callable[[], object], repeats: int, calls: int) -> float:
@@ -61,8 +75,12 @@ def _rotating(
 
 
 def part_matmul() -> None:
-    print("| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |")
-    print("|---|---|---|---|---|---|---|")
+    amx = _amx_here()
+    extra = " AMX off ms | AMX off GB/s | AMX off / native |" if amx else ""
+    print(
+        "| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |" + extra
+    )
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if amx else ""))
     for k, n in SHAPES:
         nbytes = k * n * 2
         copies = max(1, (128 << 20) // nbytes)
@@ -71,10 +89,16 @@ def part_matmul() -> None:
             x = torch.randn(m, k).to(torch.bfloat16)
             a = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
             b = _best_of(_rotating(torch.nn.functional.linear, x, weights), 3, copies)
-            print(
+            row = (
                 f"| {k} x {n} | {m} | {a * 1e3:.2f} | {nbytes / a / 1e9:.1f} | {b * 1e3:.2f} | "
                 f"{nbytes / b / 1e9:.1f} | {b / a:.2f} |"
             )
+            if amx:
+                _set_amx(False)
+                c = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
+                _set_amx(True)
+                row += f" {c * 1e3:.2f} | {nbytes / c / 1e9:.1f} | {c / a:.2f} |"
+            print(row)
 
 
 def part_step(rounds: int) -> None:
@@ -90,34 +114,46 @@ def part_step(rounds: int) -> None:
     cache = SingleSequenceCache(model, 256)
     cache.forward(context)  # prefill: eager on both paths
 
-    def step(native: bool, tokens: list[int]) -> tuple[float, torch.Tensor]:
+    # (name, native path, AMX tiles on)
+    paths = [("native (bf16_decoder_layer)", True, True)]
+    if _amx_here():
+        paths[0] = ("native, AMX tiles", True, True)
+        paths.append(("native, AMX off (AVX-512 BF16)", True, False))
+    paths.append(("eager (torch linears)", False, True))
+
+    def use(native: bool, amx: bool) -> None:
         (fused_layer.enable if native else fused_layer.disable)(model)
+        _set_amx(amx)
+
+    def step(native: bool, amx: bool, tokens: list[int]) -> float:
+        use(native, amx)
         cache.truncate(len(context))
         t0 = time.perf_counter()
-        hidden = cache.forward(tokens)
-        logits = model.compute_logits(hidden)
-        return time.perf_counter() - t0, logits
+        model.compute_logits(cache.forward(tokens))
+        return time.perf_counter() - t0
 
-    times: dict[tuple[bool, int], list[float]] = {(n, t): [] for n in (True, False) for t in (1, 5)}
+    times: dict[tuple[str, int], list[float]] = {(p[0], t): [] for p in paths for t in (1, 5)}
     for _ in range(rounds):
-        for native in (True, False):
+        for name, native, amx in paths:
             for t in (1, 5):
-                times[(native, t)].append(step(native, new[:t])[0])
+                times[(name, t)].append(step(native, amx, new[:t]))
     print("| path | T = 1 ms | T = 5 ms | T = 5 / T = 1 | T = 5 rows == five T = 1 steps |")
     print("|---|---|---|---|---|")
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
-    for native in (True, False):
-        (fused_layer.enable if native else fused_layer.disable)(model)
+    for name, native, amx in paths:
+        use(native, amx)
         cache.truncate(len(context))
         together = model.compute_logits(cache.forward(new))
         cache.truncate(len(context))
         one_by_one = torch.cat([model.compute_logits(cache.forward([tok])) for tok in new])
         same = torch.equal(together, one_by_one)
-        name = "native (bf16_decoder_layer)" if native else "eager (torch linears)"
-        t1, t5 = med[(native, 1)], med[(native, 5)]
+        t1, t5 = med[(name, 1)], med[(name, 5)]
         print(f"| {name} | {t1:.1f} | {t5:.1f} | {t5 / t1:.2f} | {'yes' if same else 'no'} |")
-    print(f"eager / native: T = 1 {med[(False, 1)] / med[(True, 1)]:.2f}x, "
-          f"T = 5 {med[(False, 5)] / med[(True, 5)]:.2f}x ({rounds} rounds, medians)")  # fmt: skip
+    _set_amx(True)
+    first = paths[0][0]
+    for name, _, _ in paths[1:]:
+        r1, r5 = med[(name, 1)] / med[(first, 1)], med[(name, 5)] / med[(first, 5)]
+        print(f"{name} / {first}: T = 1 {r1:.2f}x, T = 5 {r5:.2f}x ({rounds} rounds, medians)")
 
 
 def part_prefill(rounds: int) -> None:

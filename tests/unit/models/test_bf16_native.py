@@ -1,6 +1,7 @@
 """The native bf16 matmul (models/native/bf16_native.py): accuracy against a float64
-reference, rows bit-identical whatever the batch and the thread split, argument errors, the
-environment switch and the fallback reason."""
+reference, rows bit-identical whatever the batch and the thread split (on the AMX tiles and on
+the AVX-512 / AVX2 kernel, ``SPECSERVE_BF16_AMX``), argument errors, the environment switches
+and the fallback reason."""
 
 from __future__ import annotations
 
@@ -9,11 +10,18 @@ import logging
 import pytest
 import torch
 
-from specserve.models.native import bf16_native
+from specserve.models.native import bf16_native, build
 
 native = pytest.mark.skipif(
     not bf16_native.available(), reason=f"native bf16 kernel: {bf16_native.unavailable_reason()}"
 )
+
+
+@pytest.fixture(params=["tiles", "no tiles"])
+def amx_switch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: AMX tiles allowed (where the CPU has them) and switched off."""
+    monkeypatch.setenv("SPECSERVE_BF16_AMX", "1" if request.param == "tiles" else "0")
+    return str(request.param)
 
 
 def _data(n: int, k: int, m: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -26,7 +34,7 @@ def _data(n: int, k: int, m: int, seed: int = 0) -> tuple[torch.Tensor, torch.Te
 
 @native
 @pytest.mark.parametrize(("n", "k"), [(1, 16), (37, 48), (37, 64), (1000, 1536), (130, 8960)])
-def test_close_to_a_float64_reference(n: int, k: int) -> None:
+def test_close_to_a_float64_reference(n: int, k: int, amx_switch: str) -> None:
     w, b, x = _data(n, k, 7)
     ref = x.double() @ w.double().T + b.double()
     y = bf16_native.matmul(x, w, b)
@@ -38,10 +46,12 @@ def test_close_to_a_float64_reference(n: int, k: int) -> None:
 @native
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("k", [256, 80])
-def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int) -> None:
+def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_switch: str) -> None:
     """Every row of an M-row call equals the same row computed alone or among other rows,
-    for every M the kernel blocks differently (1, 2, 3, 4-6, several row blocks); K = 80
-    ends in a half chunk on the AVX-512 BF16 variant (chunks of 32 inputs)."""
+    for every M the kernel blocks differently (1, 2, 3, 4-6, several row blocks; on the AMX
+    tiles up to 16 rows a block, so M = 17-20 takes two); K = 80 ends in a half chunk on the
+    AVX-512 BF16 variant (chunks of 32 inputs) and stays off the tiles; N = 1003 leaves 11
+    rows that the tiles hand to the AVX-512 kernel."""
     w, b, x = _data(1003, k, 20, seed=1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -77,6 +87,21 @@ def test_bad_arguments_raise_clear_errors() -> None:
         bf16_native.matmul(x[:, :24], w[:, :24].contiguous())
     with pytest.raises(RuntimeError, match="bias must be"):
         bf16_native.matmul(x, w, b[:4])
+
+
+@native
+def test_kernel_names_the_variant_and_the_amx_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    flags = build.cpu_signature()[1]
+    monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")
+    off = bf16_native.kernel()
+    assert off == ("AVX-512 BF16" if "avx512_bf16" in flags else "AVX2")
+    monkeypatch.setenv("SPECSERVE_BF16_AMX", "1")
+    if {"amx_tile", "amx_bf16"} <= flags:
+        assert bf16_native.kernel() == "AMX tiles"
+        monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")  # read on every call
+        assert bf16_native.kernel() == off
+    else:
+        assert bf16_native.kernel() == off
 
 
 def test_env_switch_disables(monkeypatch: pytest.MonkeyPatch) -> None:

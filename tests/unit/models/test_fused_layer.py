@@ -267,7 +267,8 @@ def test_decoder_routes_forwards_through_an_installed_layer_runner() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_describe_names_the_path(fmt: str) -> None:
     model = _model(fmt=fmt)
-    assert fused_layer.describe(model) == f"native {fmt}_decoder_layer"
+    kernel = f" on {bf16_native.kernel()}" if fmt == "bf16" else ""
+    assert fused_layer.describe(model) == f"native {fmt}_decoder_layer{kernel}"
     fused_layer.disable(model)
     assert fused_layer.describe(model) == "eager (not enabled)"
     assert fused_layer.describe(_model(dtype=torch.float32)).startswith("eager (needs bf16")
@@ -279,7 +280,7 @@ def test_quantising_a_bf16_model_replans_the_path() -> None:
     """The loader enables the bf16 path on a bf16 model; quantising it to int4 afterwards
     switches to the int4 op and drops the native bf16 LM head (int4 quantises the head)."""
     model = _model(fmt="bf16")
-    assert fused_layer.describe(model) == "native bf16_decoder_layer"
+    assert fused_layer.describe(model) == f"native bf16_decoder_layer on {bf16_native.kernel()}"
     quantize_model(model, "int4", 32)
     assert fused_layer.describe(model) == "native int4_decoder_layer"
     assert model.logits_runner is None

@@ -2,13 +2,14 @@
 
 ``y = x @ w.T (+ b)`` for bf16 activations ``x # [M, K]`` and a bf16 weight ``w # [N, K]`` as
 the model stores it (no repacking, no second copy): the bf16 products are exact in fp32 and
-accumulate in a fixed order per output (``csrc/bf16_gemm.cpp``: ``vdpbf16ps`` where the CPU
-has AVX-512 BF16, else AVX2 FMAs), so a row's result is bit for bit the same whatever ``M``,
-the other rows or the thread split (on a given CPU: the two variants sum in different
-orders). That is what makes greedy speculative decoding in bf16 return exactly plain
+accumulate in a fixed order per output (``csrc/bf16_gemm.cpp``: AMX tiles where the CPU has
+AMX BF16, else ``vdpbf16ps`` where it has AVX-512 BF16, else AVX2 FMAs), so a row's result is
+bit for bit the same whatever ``M``, the other rows or the thread split (on a given CPU and
+setting of ``SPECSERVE_BF16_AMX``: the variants sum in different orders, :func:`kernel` says
+which one runs). That is what makes greedy speculative decoding in bf16 return exactly plain
 decoding's tokens: a ``k + 1``-row verify computes each row as a 1-row decode step would. It
 is also faster than PyTorch's bf16 linear on CPU for the row counts of decoding (one pass over
-the weights serves up to six rows).
+the weights serves up to six rows; on the AMX tiles, up to sixteen, at the cost of one).
 
 Used by the fused bf16 decoder layer (``fused_layer.py``, op
 ``torch.ops.specserve.bf16_decoder_layer``) and for the LM head of bf16 models
@@ -28,7 +29,7 @@ from specserve.models.native.availability import Availability
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["K_MULTIPLE", "available", "matmul", "unavailable_reason"]
+__all__ = ["K_MULTIPLE", "available", "kernel", "matmul", "unavailable_reason"]
 
 K_MULTIPLE = 16  # the kernel's input features must be a multiple of this
 _ENV_SWITCH = "SPECSERVE_BF16_NATIVE"
@@ -99,3 +100,17 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was never asked)."""
     return _kernel.unavailable_reason()
+
+
+_VARIANTS = ("AVX2", "AVX-512 BF16", "AMX tiles")
+
+
+def kernel() -> str | None:
+    """The kernel bf16 matmuls run on now, as the library says: ``"AMX tiles"`` (where the
+    build has AMX, the OS grants the tile state and ``SPECSERVE_BF16_AMX`` is not ``0``; read
+    on every call, like the kernel reads the switch), ``"AVX-512 BF16"`` or ``"AVX2"``; None
+    where :func:`available` is False. Weights whose K is not a multiple of 32 stay on the
+    AVX-512 kernel under AMX."""
+    if not available():
+        return None
+    return _VARIANTS[int(torch.ops.specserve.bf16_kernel_variant())]

@@ -216,10 +216,13 @@ def why_not(model: DecoderLM) -> str | None:
 
 def describe(model: DecoderLM) -> str:
     """How ``model``'s decode and verify steps run, in words for logs and metrics:
-    ``native int4_decoder_layer``, ``native bf16_decoder_layer`` or ``eager (<why not>)``."""
+    ``native int4_decoder_layer``, ``native bf16_decoder_layer on AMX tiles`` (the bf16 op
+    names its kernel, :func:`bf16_native.kernel`) or ``eager (<why not>)``."""
     layers = _layers(model)
     fused = layers[0].fused if layers else None
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
+        if fused.op == "bf16_decoder_layer":
+            return f"native {fused.op} on {bf16_native.kernel()}"
         return f"native {fused.op}"
     return f"eager ({why_not(model) or 'not enabled'})"
 

@@ -31,7 +31,25 @@
 // FMAs per 16 inputs for, so the multi-row (verify, prefill chunk) calls, which are compute
 // bound on AVX2, run several times faster.
 //
-// Both: out = bf16(y) (round to nearest even) or y.
+// AMX BF16 (where the build has AMX and the kernel grants the process its tile state; on
+// unless SPECSERVE_BF16_AMX=0, read on every call): a tile of 16 weight rows x 32 inputs, read
+// straight from the [N, K] weight with the row stride, is multiplied (tdpbf16ps) by a tile of
+// the x rows' bf16 pairs (x transposed once per call: pair j of row m at [j][m]) into 16 x M
+// fp32 sums. Per output (n, m):
+//   acc = 0
+//   for each chunk c of 32 inputs, for each pair j = 0 .. 15 of it, in order:
+//     acc += w[32c + 2j] * x[32c + 2j]; acc += w[32c + 2j + 1] * x[32c + 2j + 1]
+//   (products exact in fp32, sums rounded to nearest even, denormals flushed: the
+//   instruction's definition); y = acc (+ bias[n])
+// A row's sums use its own weight row and x row only, whatever M or the other rows, so the
+// variant keeps the batch invariance; its sums round differently from the AVX-512 kernel's
+// (a different order), so a process uses one or the other for every call. Where the AVX-512
+// kernel is bound by its multiply-adds (several x rows on a core with one 512-bit FMA port),
+// the tile unit does a 16 x 32 x 16 product per instruction: a verify of k + 1 rows costs
+// what one row costs. Weights whose K is not a multiple of 32, and the last N mod 16 rows,
+// stay on the AVX-512 kernel (a choice by shape, never by M).
+//
+// All: out = bf16(y) (round to nearest even) or y.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -42,7 +60,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "bf16_gemm.h"
 #include "int4_gemv.h"
@@ -51,6 +75,9 @@
 // The AVX-512 BF16 variant where -march=native provides it, else the AVX2 one.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #define SPECSERVE_BF16_AVX512 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SPECSERVE_BF16_AMX 1
+#endif
 #endif
 
 namespace {
@@ -131,6 +158,82 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
 }
+
+
+#ifdef SPECSERVE_BF16_AMX
+
+constexpr int64_t kAmxK = 32;     // inputs per tile step (a 64-byte weight tile row)
+constexpr int64_t kAmxRows = 16;  // weight rows per tile; x rows per tile at most
+
+// Linux hands a process the AMX tile state only on request (arch_prctl); asked once.
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+bool amx_on() {
+  const char* v = std::getenv("SPECSERVE_BF16_AMX");
+  return !(v != nullptr && v[0] == '0' && v[1] == '\0') && amx_permitted();
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tile 0: the sums of 16 weight rows (16 x mr fp32); 1: their weights (16 x 32 bf16); 2: the
+// x pairs (16 pairs x mr rows). One block of 16 rows at a time: 16 weight streams (two blocks'
+// 32 streams read more slowly at one x row, measured).
+void load_tile_config(int64_t mr) {
+  TileConfig c;
+  for (int t = 0; t < 3; ++t) {
+    c.rows[t] = kAmxRows;
+    c.colsb[t] = t == 1 ? 64 : static_cast<uint16_t>(mr * 4);
+  }
+  _tile_loadconfig(&c);
+}
+
+// Weight rows [n0, n0 + 16) against the x row block [m0, m0 + mr), whose pairs xi holds
+// interleaved (specserve_native::interleave_pairs: pair p of row m0 + r at p * mr + r).
+void amx_block(const Job& j, const uint32_t* xi, int64_t n0, int64_t m0, int64_t mr) {
+  const int64_t K = j.K;
+  const uint16_t* w = j.w + n0 * K;
+  _tile_zero(0);
+  for (int64_t k = 0; k < K; k += kAmxK) {
+    for (int64_t r = 0; r < kAmxRows; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, _MM_HINT_T0);
+    _tile_loadd(1, w + k, K * 2);
+    _tile_loadd(2, xi + (k / 2) * mr, mr * 4);
+    _tile_dpbf16ps(0, 1, 2);
+  }
+  alignas(64) float sums[kAmxRows][kAmxRows];
+  _tile_stored(0, sums, 64);
+  for (int64_t r = 0; r < kAmxRows; ++r)
+    for (int64_t m = 0; m < mr; ++m) store_output(j, m0 + m, n0 + r, sums[r][m]);
+}
+
+void run_range(const Job& j, int64_t begin, int64_t end);
+
+// Weight rows [begin, end) on the tiles, x in row blocks of up to 16 rows (xi: all blocks'
+// interleaved pairs); the last (end - begin) mod 16 rows on the AVX-512 kernel.
+void run_range_amx(const Job& j, const uint32_t* xi, int64_t begin, int64_t end) {
+  const int64_t whole = begin + (end - begin) / kAmxRows * kAmxRows;
+  const int64_t blocks = specserve_native::num_row_blocks(j.M, kAmxRows);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t m0 = specserve_native::row_block_start(j.M, kAmxRows, i);
+    const int64_t mr = specserve_native::row_block_start(j.M, kAmxRows, i + 1) - m0;
+    load_tile_config(mr);
+    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, xi + m0 * (j.K / 2), n, m0, mr);
+  }
+  _tile_release();
+  if (whole < end) run_range(j, whole, end);
+}
+
+#endif  // SPECSERVE_BF16_AMX
 
 #else  // AVX2
 
@@ -271,6 +374,17 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
     STD_TORCH_CHECK(parts[i].w.K == K, "bf16_matmul_many: weights of different widths");
 #ifdef SPECSERVE_BF16_AVX512
   const void* xp = x;  // vdpbf16ps takes the bf16 pairs as they are
+#ifdef SPECSERVE_BF16_AMX
+  // The tiles take each row block's pairs interleaved; per calling thread, reused.
+  const bool amx = K % kAmxK == 0 && amx_on();
+  thread_local std::vector<uint32_t> xi;
+  if (amx) {
+    xi.resize(static_cast<size_t>(M * K / 2));
+    specserve_native::interleave_pairs(reinterpret_cast<const uint32_t*>(x), xi.data(), M,
+                                       K / 2, kAmxRows);
+  }
+  const uint32_t* xip = xi.data();  // the worker threads have thread_locals of their own
+#endif
 #else
   // Per calling thread, reused: the split inputs are small (M x K fp32).
   thread_local std::vector<float> xd;
@@ -293,7 +407,14 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
       const DenseMatmul& p = parts[i];
       const Job job{p.w.data, xp, p.bias, p.out, ldo, K, M, out_f32};
       const int64_t u0 = lo - first_unit[i], u1 = hi - first_unit[i];
-      run_range(job, u0 * kTaskRows, std::min(p.w.N, u1 * kTaskRows));
+      const int64_t begin = u0 * kTaskRows, end = std::min(p.w.N, u1 * kTaskRows);
+#ifdef SPECSERVE_BF16_AMX
+      if (amx) {
+        run_range_amx(job, xip, begin, end);
+        continue;
+      }
+#endif
+      run_range(job, begin, end);
     }
   });
 }
@@ -337,10 +458,28 @@ Tensor bf16_gemm(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+// Which kernel a bf16 matmul with K a multiple of 32 runs on now: 2 AMX tiles, 1 AVX-512
+// BF16, 0 AVX2 (the AMX switch is read on every call, as bf16_matmul reads it).
+int64_t bf16_kernel_variant() {
+#ifdef SPECSERVE_BF16_AMX
+  if (amx_on()) return 2;
+#endif
+#ifdef SPECSERVE_BF16_AVX512
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def("bf16_gemm(Tensor x, Tensor weight, Tensor bias) -> Tensor");
+  m.def("bf16_kernel_variant() -> int");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("bf16_gemm", TORCH_BOX(&bf16_gemm)); }
+
+STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
+  m.impl("bf16_kernel_variant", TORCH_BOX(&bf16_kernel_variant));
+}

@@ -9,7 +9,8 @@
 namespace specserve_native {
 
 // The instruction set bf16_matmul was built for ("AVX-512 BF16" or "AVX2 / FMA / F16C"), and
-// whether this CPU has it.
+// whether this CPU has it. A build with AMX BF16 runs weights whose K is a multiple of 32 on
+// the AMX tiles instead, unless SPECSERVE_BF16_AMX=0 (see bf16_gemm.cpp).
 extern const char* const kBf16Variant;
 bool bf16_cpu_supported();
 
