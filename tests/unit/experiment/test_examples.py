@@ -142,3 +142,19 @@ def test_code_ab_example_serves_the_same_command_from_two_checkouts() -> None:
     assert base.split("--port")[0] == new.split("--port")[0]
     assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
     assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
+
+
+def test_amx_example_serves_the_main_jobs_speculative_server_with_and_without_tiles() -> None:
+    # docs/benchmarks.md, "AMX tiles": endpoints mode with the main job's benchmark settings;
+    # the two serve commands of its header are the main job's speculative server, the
+    # baseline's with the tiles switched off, each on its arm's port.
+    cfg, header = _two_server_example("amx-server-ab.yaml")
+    base, new = header.split("specserve serve ")[1:3]
+    assert "SPECSERVE_BF16_AMX=0 specserve serve" in header
+    assert base.split("--port")[0] == new.split("--port")[0]
+    servers = load_config(None).servers
+    assert servers is not None
+    assert f"--draft-model {servers.draft}" in base
+    assert f"--draft-weights {servers.draft_weights}" in base
+    assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
+    assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
