@@ -68,6 +68,7 @@ def test_generate_command(smollm2: LoadedModel, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert rc == 0
     assert "acceptance rate" in out and "mean acceptance length" in out
+    assert "k per step: 4" in out and "verify" in out
     assert "speedup vs plain" in out and "identical to plain" in out
     assert main([*argv, "--spec-method", "draft"]) == 2  # draft method without a draft model
     assert "needs draft_model" in capsys.readouterr().err

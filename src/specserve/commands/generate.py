@@ -94,6 +94,23 @@ def _report(label: str, res: GenerationResult) -> None:
             f"{res.num_target_forwards}, mean k {sum(res.k_history) / len(res.k_history):.2f}; "
             f"per position [{per_pos}]"
         )
+        print(
+            f"[{label}] k per step: {run_lengths(res.k_history)}; draft {res.draft_s:.2f} s, "
+            f"verify {res.verify_s:.2f} s"
+        )
+
+
+def run_lengths(values: list[int]) -> str:
+    """``[0, 1, 0, 0, 0]`` -> ``"0 1 0x3"``: a k history, each run of one value shortened."""
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}x{j - i}" if j - i > 1 else str(values[i]))
+        i = j
+    return " ".join(out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,10 +48,16 @@ same stop, and over always asking for the largest explored k.
 
 k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
 ``probe_interval`` plain steps a request probes with a small k so that its acceptance
-estimate can recover (the text may have turned repetitive). A probe whose drafts are all
-rejected doubles that request's interval (up to ``max_probe_backoff`` times), one with an
-accepted draft resets it: on prose, where an n-gram proposer's rare matches are rarely
-right, each probe pays a multi-token verify for nothing, and a fixed interval kept paying it.
+estimate can recover (the text may have turned repetitive). A probe after which k = 0 is
+still the best choice doubles that request's interval (up to ``max_probe_backoff`` times);
+one after which drafting pays resets it. On prose, where an n-gram proposer's rare matches
+are rarely right, each probe paid a multi-token verify for nothing, and a fixed interval
+kept paying it. Where drafting does not pay although its drafts are accepted (a CPU whose
+multi-token steps are compute bound), a probe pays that verify and a draft model's catch-up
+over every token since its last draft, and teaches nothing the estimates did not know: an
+earlier rule, which reset the interval after any accepted draft, kept paying both every
+``probe_interval`` steps and put the adaptive arm 6-17 % below plain there
+(docs/benchmarks.md, the AMX host).
 
 Step sizes are explored before they are trusted: k is capped so that a step is at most twice
 the largest size already timed (a request's k + 1 tokens times the batch size). Before any
@@ -90,6 +96,7 @@ class _RequestState:
     plain_steps: int = 0  # consecutive steps with k = 0
     probe_backoff: int = 1  # the probe interval's current factor
     probing: bool = False  # the last k chosen was a probe
+    judge_probe: bool = False  # a probe was observed: the next choice sets the backoff
 
 
 class KController:
@@ -176,12 +183,9 @@ class KController:
         if num_drafted == 0:
             return
         state = self._requests.setdefault(request_id, _RequestState())
-        if state.probing:
+        if state.probing:  # judged at the next choose_k, with this step's counts in
             state.probing = False
-            if num_accepted:
-                state.probe_backoff = 1
-            else:
-                state.probe_backoff = min(2 * state.probe_backoff, self.max_probe_backoff)
+            state.judge_probe = True
         if self.confidence_stop:  # the confident/unsure model replaces a_i and c_j
             state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
             self._global_confidence.observe(num_asked, num_drafted, num_accepted, self.global_decay)
@@ -348,6 +352,10 @@ class KController:
         if not self.plain_cost_measured(batch_size):
             return 0
         k = self.best_k(request_id, batch_size)
+        if state.judge_probe:
+            state.judge_probe = False
+            grown = min(2 * state.probe_backoff, self.max_probe_backoff)
+            state.probe_backoff = 1 if k > 0 else grown
         if k > 0:
             state.plain_steps = 0
             return k

@@ -243,11 +243,31 @@ def test_probe_interval_backs_off_after_rejected_probes() -> None:
 
     # Plain steps before each probe: doubling after each rejected probe, up to 4 x 4.
     assert gaps(4, 0) == [3, 7, 15, 15]
-    gaps(1, 2)  # a probe whose drafts are accepted resets the interval
-    c.observe("r", 2, 0)  # (and the next rejected drafts turn drafting off again)
-    for _ in range(20):
+    # The text turns repetitive: accepted probes, still backed off while k = 0 stays best,
+    # until drafting pays again, which resets the interval.
+    assert gaps(3, 2) == [15, 15, 15] and c.choose_k("r") > 0
+    for _ in range(40):  # rejected drafts turn drafting off again
         c.observe("r", 2, 0)
     assert gaps(1, 0) == [3]
+
+
+def test_accepted_probes_back_off_where_drafting_does_not_pay() -> None:
+    # Multi-token steps compute bound: a 3-token verify costs 3 plain steps and drafting as
+    # much again, so even drafts that are always accepted do not pay. Each probe's drafts are
+    # accepted, yet k = 0 stays the best choice, so the probes back off as rejected ones do.
+    c = KController(8, probe_interval=4, max_probe_backoff=4)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.6, 2, 0.6, 3)
+    gaps, plain = [], 0
+    while len(gaps) < 4:
+        k = c.choose_k("r")
+        if k == 0:
+            plain += 1
+            continue
+        gaps.append(plain)
+        plain = 0
+        c.observe("r", k, k)
+    assert gaps == [3, 7, 15, 15]
     with pytest.raises(ValueError, match="max_probe_backoff"):
         KController(8, max_probe_backoff=0)
 

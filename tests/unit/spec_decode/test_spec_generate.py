@@ -316,3 +316,11 @@ def test_loop_does_not_learn_draft_cost_from_a_catch_up_burst() -> None:
     assert drafted[0] == (0.0, 0, 4)  # the burst: verify cost recorded, no draft cost
     assert all(d > 0.0 and n == v - 1 > 0 for d, n, v in drafted[1:]), drafted
     assert controller._draft_cost  # learnt from the steady calls only
+
+
+def test_generate_reports_the_k_history_in_runs() -> None:
+    from specserve.commands.generate import run_lengths
+
+    assert run_lengths([]) == ""
+    assert run_lengths([4]) == "4"
+    assert run_lengths([0, 1, 0, 0, 0, 2, 2, 1]) == "0 1 0x3 2x2 1"
