@@ -222,33 +222,37 @@ def test_step_sizes_are_explored_before_they_are_trusted() -> None:
     assert c.explored_k(batch_size=4) == 3 and c.choose_k("r", batch_size=4) <= 3
 
 
+def _probe_gaps(c: KController, num_probes: int, accepted: int | None = None) -> list[int]:
+    """Plain steps before each of the next ``num_probes`` steps with k > 0, each of which
+    gets ``accepted`` drafts accepted (None: all)."""
+    out, plain = [], 0
+    while len(out) < num_probes:
+        k = c.choose_k("r")
+        if k == 0:
+            plain += 1
+            continue
+        out.append(plain)
+        plain = 0
+        c.observe("r", k, k if accepted is None else accepted)
+    return out
+
+
 def test_probe_interval_backs_off_after_rejected_probes() -> None:
     c = KController(8, probe_interval=4, max_probe_backoff=4)
     c.record_cost(0.0, 0, 0.2, 1)
     c.record_cost(0.0, 2, 0.3, 3)  # drafting is dear ...
     for _ in range(20):
         c.observe("r", 2, 0)  # ... and never right
-
-    def gaps(num_probes: int, accepted: int) -> list[int]:
-        out, plain = [], 0
-        while len(out) < num_probes:
-            k = c.choose_k("r")
-            if k == 0:
-                plain += 1
-                continue
-            out.append(plain)
-            plain = 0
-            c.observe("r", k, accepted)
-        return out
-
     # Plain steps before each probe: doubling after each rejected probe, up to 4 x 4.
-    assert gaps(4, 0) == [3, 7, 15, 15]
+    assert _probe_gaps(c, 4, 0) == [3, 7, 15, 15]
     # The text turns repetitive: accepted probes, still backed off while k = 0 stays best,
     # until drafting pays again, which resets the interval.
-    assert gaps(3, 2) == [15, 15, 15] and c.choose_k("r") > 0
+    assert _probe_gaps(c, 3, 2) == [15, 15, 15] and c.choose_k("r") > 0
     for _ in range(40):  # rejected drafts turn drafting off again
         c.observe("r", 2, 0)
-    assert gaps(1, 0) == [3]
+    assert _probe_gaps(c, 1, 0) == [3]
+    with pytest.raises(ValueError, match="max_probe_backoff"):
+        KController(8, max_probe_backoff=0)
 
 
 def test_accepted_probes_back_off_where_drafting_does_not_pay() -> None:
@@ -258,18 +262,7 @@ def test_accepted_probes_back_off_where_drafting_does_not_pay() -> None:
     c = KController(8, probe_interval=4, max_probe_backoff=4)
     c.record_cost(0.0, 0, 0.2, 1)
     c.record_cost(0.6, 2, 0.6, 3)
-    gaps, plain = [], 0
-    while len(gaps) < 4:
-        k = c.choose_k("r")
-        if k == 0:
-            plain += 1
-            continue
-        gaps.append(plain)
-        plain = 0
-        c.observe("r", k, k)
-    assert gaps == [3, 7, 15, 15]
-    with pytest.raises(ValueError, match="max_probe_backoff"):
-        KController(8, max_probe_backoff=0)
+    assert _probe_gaps(c, 4) == [3, 7, 15, 15]
 
 
 def test_early_stops_are_learnt_and_priced() -> None:
