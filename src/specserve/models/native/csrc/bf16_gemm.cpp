@@ -34,8 +34,8 @@
 // AMX BF16 (where the build has AMX and the kernel grants the process its tile state; on
 // unless SPECSERVE_BF16_AMX=0, read on every call): a tile of 16 weight rows x 32 inputs, read
 // straight from the [N, K] weight with the row stride, is multiplied (tdpbf16ps) by a tile of
-// the x rows' bf16 pairs (x transposed once per call: pair j of row m at [j][m]) into 16 x M
-// fp32 sums. Per output (n, m):
+// the x rows' bf16 pairs (interleaved once per call, per block of up to 16 x rows: pair j of
+// the block's row r at [j][r]) into 16 x (block rows) fp32 sums. Per output (n, m):
 //   acc = 0
 //   for each chunk c of 32 inputs, for each pair j = 0 .. 15 of it, in order:
 //     acc += w[32c + 2j] * x[32c + 2j]; acc += w[32c + 2j + 1] * x[32c + 2j + 1]
@@ -44,10 +44,10 @@
 // A row's sums use its own weight row and x row only, whatever M or the other rows, so the
 // variant keeps the batch invariance; its sums round differently from the AVX-512 kernel's
 // (a different order), so a process uses one or the other for every call. Where the AVX-512
-// kernel is bound by its multiply-adds (several x rows on a core with one 512-bit FMA port),
-// the tile unit does a 16 x 32 x 16 product per instruction: a verify of k + 1 rows costs
-// what one row costs. Weights whose K is not a multiple of 32, and the last N mod 16 rows,
-// stay on the AVX-512 kernel (a choice by shape, never by M).
+// kernel is bound by its vdpbf16ps throughput (several x rows, on CPUs that run few of them
+// per cycle), the tile unit does a 16 x 32 x 16 product per instruction: a verify of k + 1
+// rows costs what one row costs. Weights whose K is not a multiple of 32, and the last N mod 16
+// rows, stay on the AVX-512 kernel (a choice by shape, never by M).
 //
 // All: out = bf16(y) (round to nearest even) or y.
 
@@ -159,7 +159,6 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
     for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
 }
 
-
 #ifdef SPECSERVE_BF16_AMX
 
 constexpr int64_t kAmxK = 32;     // inputs per tile step (a 64-byte weight tile row)
@@ -227,7 +226,8 @@ void run_range_amx(const Job& j, const uint32_t* xi, int64_t begin, int64_t end)
     const int64_t m0 = specserve_native::row_block_start(j.M, kAmxRows, i);
     const int64_t mr = specserve_native::row_block_start(j.M, kAmxRows, i + 1) - m0;
     load_tile_config(mr);
-    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, xi + m0 * (j.K / 2), n, m0, mr);
+    const uint32_t* x = xi + m0 * (j.K / 2);
+    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, x, n, m0, mr);
   }
   _tile_release();
   if (whole < end) run_range(j, whole, end);
