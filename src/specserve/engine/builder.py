@@ -155,6 +155,10 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         draft = draft_lm.model
         if config.spec.draft_num_layers is not None:
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
+        if draft is not target.model:
+            # proposals need no batch invariance: the draft's one-token steps stay on the
+            # faster vdpbf16ps kernels when the AMX tiles are on (SPECSERVE_QUANT_AMX=1)
+            fused_layer.allow_tiles(draft, False)
     head, head_name = None, ""
     if config.spec.uses_head and config.spec.enabled:
         assert config.spec.draft_model is not None

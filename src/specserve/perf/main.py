@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from specserve.loading.quant_cache import load_model_with_weights
     from specserve.loading.transport import fetch
     from specserve.models.fast_path import FastPathOptions, optimize_for_decode
+    from specserve.models.native import fused_layer
 
     formats = [w for w in args.weights.split(",") if w]
     names = [n for n in args.prompts.split(",") if n]
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - t0
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
+        fused_layer.allow_tiles(draft.model, False)  # as the engine builder does
         if not prompts:
             prompts = [
                 target.tokenizer.encode_chat([{"role": "user", "content": p.text}]) for p in chosen

@@ -7,7 +7,8 @@ from torch import nn
 
 from specserve.config import EngineConfig, ModelConfig, SpecConfig
 from specserve.engine.builder import build_engine
-from specserve.models.quant.layers import Int8Linear
+from specserve.models.decoder import DecoderLayer
+from specserve.models.quant.layers import Int4Linear, Int8Linear
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import DraftModelProposer
 
@@ -93,3 +94,36 @@ def test_a_draft_confidence_stop_reaches_the_proposer_and_the_controller() -> No
     # n-gram drafts have no confidence: the controller keeps choosing k itself.
     _, controller = build_spec(SpecConfig(method="ngram"), target)
     assert controller is not None and not controller.confidence_stop
+
+
+def test_the_draft_stays_off_the_amx_tiles_and_the_output_stays_the_targets(  # type: ignore[no-untyped-def]
+    smollm2, monkeypatch
+) -> None:
+    """With the tiles on (``SPECSERVE_QUANT_AMX=1``, where the CPU has them) the target's
+    packed weights may use them and the draft's may not: speculative greedy output equals
+    plain greedy output, both on the same target kernels."""
+    monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
+    prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
+    model = ModelConfig(model="smollm2-135m-instruct", dtype="bfloat16", weights="int4")
+    plain, _ = _greedy(EngineConfig(model=model), prompt)
+    spec = SpecConfig(
+        method="draft",
+        draft_model="smollm2-135m-instruct",
+        num_speculative_tokens=3,
+        draft_weights="int4",
+    )
+    out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
+    assert out == plain
+    proposer = engine.proposer  # type: ignore[attr-defined]
+    assert isinstance(proposer, DraftModelProposer)
+    draft_down = proposer.model.get_submodule("model.layers.0.mlp.down_proj")
+    target_down = engine.model.get_submodule("model.layers.0.mlp.down_proj")  # type: ignore[attr-defined]
+    assert isinstance(draft_down, Int4Linear) and isinstance(target_down, Int4Linear)
+    if draft_down.native is None or target_down.native is None:  # no native int4 kernel
+        return
+    assert draft_down.native.tiles is False and target_down.native.tiles is True
+    draft_layer = proposer.model.get_submodule("model.layers.0")
+    target_layer = engine.model.get_submodule("model.layers.0")  # type: ignore[attr-defined]
+    assert isinstance(draft_layer, DecoderLayer) and isinstance(target_layer, DecoderLayer)
+    if draft_layer.fused is not None and target_layer.fused is not None:  # the op's last arg
+        assert draft_layer.fused.args[-1] is False and target_layer.fused.args[-1] is True

@@ -158,3 +158,16 @@ def test_amx_example_serves_the_main_jobs_speculative_server_with_and_without_ti
     assert f"--draft-weights {servers.draft_weights}" in base
     assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
     assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
+
+
+def test_quant_amx_example_serves_one_gguf_command_with_and_without_tiles() -> None:
+    # docs/benchmarks.md, "int4 and six-bit codes on the AMX tiles": endpoints mode with the
+    # main job's benchmark settings; the two serve commands of its header are one command, the
+    # speculative arm's with the tiles switched on, each on its arm's port.
+    cfg, header = _two_server_example("quant-amx-server-ab.yaml")
+    base, new = header.split("specserve serve ")[1:3]
+    assert "SPECSERVE_QUANT_AMX=1 specserve serve" in header
+    assert base.split("--port")[0] == new.split("--port")[0]
+    assert "--weights gguf" in base and "--draft-weights gguf" in base
+    assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
+    assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url

@@ -109,15 +109,18 @@ def test_mixed_model_agrees_with_the_eager_layers(
     assert checked >= 10  # of 23 rows
 
 
+@pytest.mark.parametrize("tiles", ["0", "1"])
 @pytest.mark.parametrize("bits", [8, 6])
 @pytest.mark.parametrize("int8", MIXES)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_verify_rows_equal_one_token_steps_bit_for_bit(
-    family: str, int8: tuple[str, ...], bits: int
+    monkeypatch: pytest.MonkeyPatch, family: str, int8: tuple[str, ...], bits: int, tiles: str
 ) -> None:
     """A k + 1-token forward (and the LM head on its rows) gives each row the bits k + 1
     one-token forwards give, for k + 1 up to 16 (verify steps and prefill chunks), with byte
-    and with six-bit codes."""
+    and with six-bit codes, and with the int4 and six-bit matmuls on the AMX tiles
+    (``SPECSERVE_QUANT_AMX=1``, where the CPU has them)."""
+    monkeypatch.setenv("SPECSERVE_QUANT_AMX", tiles)
     model = _mixed_model(int8, family, int8_head=True, bits=bits)
     one = SingleSequenceCache(model, 64)
     one.forward(IDS[:6])

@@ -37,8 +37,17 @@ SOURCES = (
     CSRC / "int8_gemv.cpp",
     CSRC / "bf16_gemm.cpp",
     CSRC / "decoder_layer.cpp",
+    CSRC / "quant_amx.cpp",
 )
-HEADERS = (CSRC / "int4_gemv.h", CSRC / "int8_gemv.h", CSRC / "bf16_gemm.h", CSRC / "simd.h")
+HEADERS = (
+    CSRC / "int4_gemv.h",
+    CSRC / "int8_gemv.h",
+    CSRC / "bf16_gemm.h",
+    CSRC / "simd.h",
+    CSRC / "amx_tiles.h",
+    CSRC / "code_pairs.h",
+    CSRC / "quant_amx.h",
+)
 # The library's matmul ops (all registered once it is loaded).
 GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")
 # -ffp-contract=off: no silent mul+add -> fma contraction, the fp32 operation order stays as
@@ -155,6 +164,7 @@ def register_fakes() -> None:
         row_scale: torch.Tensor,
         out_features: int,
         group_size: int,
+        tiles: bool = True,
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features))
 

@@ -111,7 +111,7 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
     o_args = _native_args(attn.o_proj, "o_proj")
     gu_args = _native_args(gate_up, "gate_up_proj")
     down_args = _native_args(mlp.down_proj, "down_proj")
-    assert isinstance(qkv, _QUANT_LINEARS)
+    assert isinstance(qkv, _QUANT_LINEARS) and qkv.native is not None
     bias = qkv.bias if qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
     input_norm, post_norm, qk_norms = _norms(layer)
     args = (
@@ -127,6 +127,7 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         attn.num_heads,
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
+        qkv.native.tiles,  # allow_tiles sets it for every projection of a model alike
     )
     return LayerWeights(attn.layer_idx, "int4_decoder_layer", args)
 
@@ -217,12 +218,16 @@ def why_not(model: DecoderLM) -> str | None:
 def describe(model: DecoderLM) -> str:
     """How ``model``'s decode and verify steps run, in words for logs and metrics:
     ``native int4_decoder_layer``, ``native bf16_decoder_layer on AMX tiles`` (the bf16 op
-    names its kernel, :func:`bf16_native.kernel`) or ``eager (<why not>)``."""
+    names its kernel, :func:`bf16_native.kernel`; the quantised op says ``on AMX tiles`` where
+    :func:`int4_native.amx_tiles` is on and the model's weights may take them,
+    :func:`allow_tiles`) or ``eager (<why not>)``."""
     layers = _layers(model)
     fused = layers[0].fused if layers else None
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.kernel()}"
+        if fused.args[-1] is True and int4_native.amx_tiles():
+            return f"native {fused.op} on AMX tiles"
         return f"native {fused.op}"
     return f"eager ({why_not(model) or 'not enabled'})"
 
@@ -244,6 +249,20 @@ def enable(model: DecoderLM) -> bool:
     bf16_head = plan[0].op == "bf16_decoder_layer" and dense_head
     model.logits_runner = native_logits if bf16_head else None
     return True
+
+
+def allow_tiles(model: torch.nn.Module, allowed: bool) -> None:
+    """Whether the int4 and six-bit matmuls of ``model`` may run on the AMX tiles when they are
+    switched on (``SPECSERVE_QUANT_AMX=1``, ``int4_native.amx_tiles``): every packed weight's
+    ``tiles``, and the fused layers' arguments again where they are on. A draft model's
+    weights do not (the engine builder): its proposals need no batch invariance, and its
+    one-token steps are faster on the ``vdpbf16ps`` kernels."""
+    for module in model.modules():
+        packed = getattr(module, "native", None)
+        if isinstance(module, _QUANT_LINEARS) and packed is not None:
+            packed.tiles = allowed
+    if isinstance(model, DecoderLM) and model.layer_runner is run_layers:
+        enable(model)
 
 
 def disable(model: DecoderLM) -> None:

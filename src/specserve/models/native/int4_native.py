@@ -109,6 +109,9 @@ class Int4Packed(tile_stream.PackedTiles):
     group_size: int
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
+    # Whether the weight may run on the AMX tiles when they are on (amx_tiles()); a draft
+    # model's weights do not (fused_layer.allow_tiles).
+    tiles: bool = field(default=True, init=False)
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -204,7 +207,13 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
         raise RuntimeError(f"the native int4 kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     y = torch.ops.specserve.int4_gemm(
-        x2, packed.qweight, packed.scales, packed.row_scale, packed.out_features, packed.group_size
+        x2,
+        packed.qweight,
+        packed.scales,
+        packed.row_scale,
+        packed.out_features,
+        packed.group_size,
+        packed.tiles,
     )
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 
@@ -256,3 +265,15 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was never asked)."""
     return _kernel.unavailable_reason()
+
+
+def amx_tiles() -> bool:
+    """Whether int4 matmuls (group sizes a multiple of 32) and six-bit int8-group matmuls run
+    on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS
+    grants the tile state and ``SPECSERVE_QUANT_AMX`` is ``1`` (off by default; read on every
+    call, as the kernels read it). Weights whose ``tiles`` is False (a draft model's) stay on
+    the ``vdpbf16ps`` kernels. A one-row matmul is slower on the tiles, one of several rows
+    faster: they serve the target of speculative decoding. The tiles sum each group's
+    products in another order than ``vdpbf16ps``, so outputs differ from those kernels' by
+    rounding; rows stay batch invariant. False where the kernel is not available."""
+    return available() and bool(torch.ops.specserve.quant_amx_active())

@@ -133,6 +133,8 @@ class Int8Packed(tile_stream.PackedTiles):
     group_size: int
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
+    # as Int4Packed.tiles: whether six-bit codes may run on the AMX tiles when they are on
+    tiles: bool = field(default=True, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit
@@ -278,7 +280,13 @@ def matmul(x: torch.Tensor, packed: Int8Packed) -> torch.Tensor:
         raise RuntimeError(f"the native int8-group kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
     y = torch.ops.specserve.int8_gemm(
-        x2, packed.qweight, packed.scales, packed.row_scale, packed.out_features, packed.group_size
+        x2,
+        packed.qweight,
+        packed.scales,
+        packed.row_scale,
+        packed.out_features,
+        packed.group_size,
+        packed.tiles,
     )
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from specserve.models.native import build
+from specserve.models.native import build, int4_native
 from specserve.models.native.tile_stream import TILE_ROWS
 
 __all__ = ["UNIT_K", "codes_fit", "dot_products", "pack_units", "unit_blocks", "unpack_units"]
@@ -68,10 +68,13 @@ _DOT_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
 
 
 def dot_products() -> bool:
-    """Whether six-bit codes run on the bf16-pair kernel here: the CPU has AVX-512 BW, VBMI,
-    BF16 and GFNI (the library is built for this CPU, ``-march=native``) and
-    ``SPECSERVE_INT8_AVX512`` is not ``0`` (which runs the fp32 8-lane kernels for every
-    layout). Read on every call, like the kernel reads the switch."""
+    """Whether six-bit codes run as bf16 pairs here: on the AMX tiles
+    (:func:`~specserve.models.native.int4_native.amx_tiles`), or on the ``vdpbf16ps`` kernel
+    where the CPU has AVX-512 BW, VBMI, BF16 and GFNI (the library is built for this CPU,
+    ``-march=native``) and ``SPECSERVE_INT8_AVX512`` is not ``0`` (which runs the fp32 8-lane
+    kernels for every layout). Read on every call, like the kernels read the switches."""
+    if int4_native.amx_tiles():
+        return True
     if os.environ.get("SPECSERVE_INT8_AVX512") == "0":
         return False
     return all(flag in build.cpu_signature()[1] for flag in _DOT_FLAGS)

@@ -116,8 +116,8 @@ class PackedTiles:
     """What the packed int4 and int8-group weights share: the checks of their tensors, their
     code blocks and constants whichever the layout, and their size. Subclasses are dataclasses
     with ``qweight``, ``scales``, ``row_scale``, ``out_features`` and ``group_size`` (and
-    ``in_features`` and ``inline_constants``, derived here), and set ``BLOCK_K`` and
-    ``CODE_DTYPE``."""
+    ``in_features`` and ``inline_constants``, derived here, and ``tiles``, whether the weight
+    may run on the AMX tiles), and set ``BLOCK_K`` and ``CODE_DTYPE``."""
 
     BLOCK_K: ClassVar[int]
     CODE_DTYPE: ClassVar[torch.dtype]
@@ -128,6 +128,7 @@ class PackedTiles:
     group_size: int
     in_features: int
     inline_constants: bool
+    tiles: bool
 
     def __post_init__(self) -> None:
         q, r = self.qweight, self.row_scale

@@ -63,11 +63,7 @@
 #include <cstdlib>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
+#include "amx_tiles.h"
 #include "bf16_gemm.h"
 #include "int4_gemv.h"
 #include "simd.h"
@@ -164,31 +160,15 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
 constexpr int64_t kAmxK = 32;     // inputs per tile step (a 64-byte weight tile row)
 constexpr int64_t kAmxRows = 16;  // weight rows per tile; x rows per tile at most
 
-// Linux hands a process the AMX tile state only on request (arch_prctl); asked once.
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
 bool amx_on() {
-  const char* v = std::getenv("SPECSERVE_BF16_AMX");
-  return !(v != nullptr && v[0] == '0' && v[1] == '\0') && amx_permitted();
+  return specserve_native::switch_on("SPECSERVE_BF16_AMX") && specserve_native::amx_permitted();
 }
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // Tile 0: the sums of 16 weight rows (16 x mr fp32); 1: their weights (16 x 32 bf16); 2: the
 // x pairs (16 pairs x mr rows). One block of 16 rows at a time: 16 weight streams (two blocks'
 // 32 streams read more slowly at one x row, measured).
 void load_tile_config(int64_t mr) {
-  TileConfig c;
+  specserve_native::TileConfig c;
   for (int t = 0; t < 3; ++t) {
     c.rows[t] = kAmxRows;
     c.colsb[t] = t == 1 ? 64 : static_cast<uint16_t>(mr * 4);

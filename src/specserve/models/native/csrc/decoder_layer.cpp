@@ -361,21 +361,22 @@ Tensor int4_decoder_layer(
     const Tensor& post_norm, const Tensor& gate_up_qweight, const Tensor& gate_up_scales,
     const Tensor& gate_up_row_scale, int64_t gate_up_group, const Tensor& down_qweight,
     const Tensor& down_scales, const Tensor& down_row_scale, int64_t down_group,
-    int64_t num_heads, int64_t num_kv_heads, double eps) {
+    int64_t num_heads, int64_t num_kv_heads, double eps, bool tiles) {
   const char* op = "int4_decoder_layer";
   Layer L{op,      x,          positions, slot_mapping, context_slots, cos,    sin,
           k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
           num_kv_heads, eps};
   L.check();
-  const PackedWeight qkv = specserve_native::quant_packed_weight(
+  PackedWeight qkv = specserve_native::quant_packed_weight(
       qkv_qweight, qkv_scales, qkv_row_scale, L.n_qkv, qkv_group, "qkv_proj");
-  const PackedWeight o = specserve_native::quant_packed_weight(o_qweight, o_scales, o_row_scale,
-                                                               L.H, o_group, "o_proj");
-  const PackedWeight down = specserve_native::quant_packed_weight(
+  PackedWeight o = specserve_native::quant_packed_weight(o_qweight, o_scales, o_row_scale, L.H,
+                                                         o_group, "o_proj");
+  PackedWeight down = specserve_native::quant_packed_weight(
       down_qweight, down_scales, down_row_scale, L.H, down_group, "down_proj");
   const int64_t I = down.K;
-  const PackedWeight gu = specserve_native::quant_packed_weight(
+  PackedWeight gu = specserve_native::quant_packed_weight(
       gate_up_qweight, gate_up_scales, gate_up_row_scale, 2 * I, gate_up_group, "gate_up_proj");
+  for (PackedWeight* w : {&qkv, &o, &gu, &down}) w->tiles = tiles;  // quant_amx.h
   for (const PackedWeight* w : {&qkv, &o, &gu, &down}) {
     if (w->bits == 4) {
       STD_TORCH_CHECK(specserve_native::cpu_supported(), op,
@@ -467,8 +468,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
       "Tensor q_norm, Tensor k_norm, int qkv_group, Tensor o_qweight, Tensor o_scales, Tensor o_row_scale, int o_group, "
       "Tensor post_norm, Tensor gate_up_qweight, Tensor gate_up_scales, "
       "Tensor gate_up_row_scale, int gate_up_group, Tensor down_qweight, Tensor down_scales, "
-      "Tensor down_row_scale, int down_group, int num_heads, int num_kv_heads, float eps) "
-      "-> Tensor");
+      "Tensor down_row_scale, int down_group, int num_heads, int num_kv_heads, float eps, "
+      "bool tiles=True) -> Tensor");
   m.def(
       "bf16_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "

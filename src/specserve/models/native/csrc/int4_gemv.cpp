@@ -49,7 +49,9 @@
 
 #include <immintrin.h>
 
+#include "code_pairs.h"
 #include "int4_gemv.h"
+#include "quant_amx.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -136,10 +138,6 @@ using specserve_native::dot_pair;
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
-  const __m512i exp_byte = _mm512_set1_epi8(0x43);
-  // GF(2) affine matrix for a per-byte logical right shift by 4.
-  const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL);
   const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
@@ -173,17 +171,13 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
         const __m512i raw = _mm512_loadu_si512(w[t]);
         specserve_native::prefetch_line(ahead, w[t], pf);
         w[t] += kBlockBytes;
-        const __m512i lo = _mm512_and_si512(raw, low_mask);
-        const __m512i hi = _mm512_gf2p8affine_epi64_epi8(raw, shr4, 0);
-        const __m512i z0 = _mm512_unpacklo_epi8(lo, exp_byte);
-        const __m512i z1 = _mm512_unpackhi_epi8(lo, exp_byte);
-        const __m512i z2 = _mm512_unpacklo_epi8(hi, exp_byte);
-        const __m512i z3 = _mm512_unpackhi_epi8(hi, exp_byte);
+        __m512i z[4];
+        specserve_native::int4_block_pairs(raw, z);
         for (int m = 0; m < MR; ++m) {
-          a0[t][m] = dot_pair<kMulti>(a0[t][m], z0, xk + 0 * MR + m);
-          a1[t][m] = dot_pair<kMulti>(a1[t][m], z1, xk + 1 * MR + m);
-          a0[t][m] = dot_pair<kMulti>(a0[t][m], z2, xk + 2 * MR + m);
-          a1[t][m] = dot_pair<kMulti>(a1[t][m], z3, xk + 3 * MR + m);
+          a0[t][m] = dot_pair<kMulti>(a0[t][m], z[0], xk + 0 * MR + m);
+          a1[t][m] = dot_pair<kMulti>(a1[t][m], z[1], xk + 1 * MR + m);
+          a0[t][m] = dot_pair<kMulti>(a0[t][m], z[2], xk + 2 * MR + m);
+          a1[t][m] = dot_pair<kMulti>(a1[t][m], z[3], xk + 3 * MR + m);
         }
       }
       xk += 4 * MR;
@@ -637,6 +631,13 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   if (M == 0 || w.N == 0) return;
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, w.group_size);
+  if (quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
+    const QuantTiles tiles{&w, x, xsum.data(), out, out_f32, M, amx_prefetch()};
+    torch::stable::parallel_for(0, ntiles, amx_grain(K, M, 4), [&](int64_t begin, int64_t end) {
+      quant_amx_range(tiles, begin, end);
+    });
+    return;
+  }
   Problem p;
 #ifdef SPECSERVE_INT4_AVX512
   std::vector<uint32_t> xi;
@@ -712,7 +713,7 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
-                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size, bool tiles) {
 #ifdef SPECSERVE_INT4_NO_ISA
   STD_TORCH_CHECK(false, "int4_gemm: built for a CPU without AVX2 / FMA / F16C");
 #else
@@ -724,8 +725,9 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   const ScalarType xt = x_in.scalar_type();
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
                   "int4_gemm: x must be bf16 or fp32");
-  const PackedWeight w = specserve_native::tile_packed_weight(
-      qweight, scales, row_scale, out_features, group_size, "int4_gemm", 4);
+  PackedWeight w = specserve_native::tile_packed_weight(qweight, scales, row_scale, out_features,
+                                                       group_size, "int4_gemm", 4);
+  w.tiles = tiles;
   STD_TORCH_CHECK(x_in.size(1) == w.K, "int4_gemm: x has ", x_in.size(1), " inputs, weight ",
                   w.K);
   Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
@@ -742,7 +744,7 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def(
       "int4_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
-      "int group_size) -> Tensor");
+      "int group_size, bool tiles=True) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int4_gemm", TORCH_BOX(&int4_gemm)); }

@@ -24,6 +24,10 @@ struct PackedWeight {
   // 64-byte block per group) instead of living in `scales`.
   bool inline_constants = false;
   int64_t tile_bytes = 0;  // bytes of one tile in qweight (its blocks times 64)
+  // Whether the weight may run on the AMX tiles (quant_amx.h) when they are switched on: false
+  // for a draft model's weights, whose proposals need no batch invariance and whose one-token
+  // steps are faster on the vdpbf16ps kernels.
+  bool tiles = true;
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8

@@ -57,8 +57,10 @@
 
 #include <immintrin.h>
 
+#include "code_pairs.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
+#include "quant_amx.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -589,39 +591,33 @@ bool wide_vectors() {
 // fp32 8-lane kernels instead.
 constexpr bool kSixBitDot = true;
 
-inline __m512i gf_map(__m512i v, int64_t matrix) {
-  return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64(matrix), 0);
-}
-
 using specserve_native::dot_pair;
+using specserve_native::kPairs01;
+using specserve_native::kPairs23;
+using specserve_native::six_bit_block_pairs;
 
-// vpermt2b indices: 32-bit lane i of the pair vector of inputs (c, c + 1) of a block takes byte
-// 16 c + i (row i of input c) and byte 16 (c + 1) + i, each followed by 0x43 (from the second
-// source). Built at compile time, loaded once per kernel call.
-struct PairIndex {
-  alignas(64) uint8_t idx[64];
-};
-constexpr PairIndex make_pair_index(int c) {
-  PairIndex r{};
-  for (int i = 0; i < 16; ++i) {
-    r.idx[4 * i] = static_cast<uint8_t>(16 * c + i);
-    r.idx[4 * i + 1] = 64;
-    r.idx[4 * i + 2] = static_cast<uint8_t>(16 * (c + 1) + i);
-    r.idx[4 * i + 3] = 64;
+// Block b of each tile's unit: its two pair vectors into the MR rows' dot products.
+template <int b, int NT, int MR>
+inline void block_dots(const __m512i (&l0)[NT], const __m512i (&l1)[NT], const __m512i (&hb)[NT],
+                       __m512i pairs01, __m512i pairs23, const uint32_t* xk,
+                       __m512 (&a0)[NT][MR], __m512 (&a1)[NT][MR]) {
+  constexpr bool kMulti = MR > 1;
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    __m512i z0, z1;
+    six_bit_block_pairs<b>(l0[t], l1[t], hb[t], pairs01, pairs23, z0, z1);
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      a0[t][m] = dot_pair<kMulti>(a0[t][m], z0, xk + (2 * b) * MR + m);
+      a1[t][m] = dot_pair<kMulti>(a1[t][m], z1, xk + (2 * b + 1) * MR + m);
+    }
   }
-  return r;
 }
-constexpr PairIndex kPairs01 = make_pair_index(0), kPairs23 = make_pair_index(2);
 
 template <int NT, int MR>
 void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
-  constexpr bool kMulti = MR > 1;
-  const __m512i low = _mm512_set1_epi8(0x0F), exp_byte = _mm512_set1_epi8(0x43);
   const __m512i pairs01 = _mm512_load_si512(kPairs01.idx);
   const __m512i pairs23 = _mm512_load_si512(kPairs23.idx);
-  // GF(2) affine byte maps: high nibble to low (>> 4), and H's bits 2b, 2b + 1 to bits 4, 5
-  constexpr int64_t kShr4 = 0x1020408000000000LL;
-  constexpr int64_t kHigh[4] = {0x01020000LL, 0x04080000LL, 0x10200000LL, 0x40800000LL};
   const __m512 minus160 = _mm512_set1_ps(-160.0f);
   const int64_t tile_bytes = p.tile_bytes;
 
@@ -643,22 +639,10 @@ void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
     for (int64_t unit = 0; unit < p.blocks_per_group / 4; ++unit) {
       __m512i l0[NT], l1[NT], hb[NT];
       next_unit<NT>(p, w, ahead, l0, l1, hb);
-#pragma GCC unroll 4
-      for (int b = 0; b < 4; ++b) {
-#pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) {
-          const __m512i src = b < 2 ? l0[t] : l1[t];
-          const __m512i nibble = b % 2 == 0 ? _mm512_and_si512(src, low) : gf_map(src, kShr4);
-          const __m512i u = _mm512_or_si512(nibble, gf_map(hb[t], kHigh[b]));
-          const __m512i z0 = _mm512_permutex2var_epi8(u, pairs01, exp_byte);
-          const __m512i z1 = _mm512_permutex2var_epi8(u, pairs23, exp_byte);
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m) {
-            a0[t][m] = dot_pair<kMulti>(a0[t][m], z0, xk + (2 * b) * MR + m);
-            a1[t][m] = dot_pair<kMulti>(a1[t][m], z1, xk + (2 * b + 1) * MR + m);
-          }
-        }
-      }
+      block_dots<0, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<1, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<2, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<3, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
       xk += 8 * MR;  // 16 inputs: 8 pairs
     }
 #pragma GCC unroll 16
@@ -805,6 +789,13 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   if (M == 0 || w.N == 0) return;
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, w.group_size);
+  if (quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
+    const QuantTiles tiles{&w, x, xsum.data(), out, out_f32, M, amx_prefetch()};
+    torch::stable::parallel_for(0, ntiles, amx_grain(K, M, 6), [&](int64_t begin, int64_t end) {
+      quant_amx_range(tiles, begin, end);
+    });
+    return;
+  }
   const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
 #ifdef __AVX512F__
   const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
@@ -883,7 +874,7 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
-                 const Tensor& row_scale, int64_t out_features, int64_t group_size) {
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size, bool tiles) {
   STD_TORCH_CHECK(specserve_native::int8_cpu_supported(),
                   "int8_gemm: this CPU (or this build) lacks AVX2 / FMA / F16C");
   STD_TORCH_CHECK(x_in.is_cpu(), "int8_gemm: CPU tensors only");
@@ -891,9 +882,10 @@ Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
   const ScalarType xt = x_in.scalar_type();
   STD_TORCH_CHECK(xt == ScalarType::BFloat16 || xt == ScalarType::Float,
                   "int8_gemm: x must be bf16 or fp32");
-  const PackedWeight w = specserve_native::tile_packed_weight(
+  PackedWeight w = specserve_native::tile_packed_weight(
       qweight, scales, row_scale, out_features, group_size, "int8_gemm",
       specserve_native::int8_code_bits(qweight));
+  w.tiles = tiles;
   STD_TORCH_CHECK(x_in.size(1) == w.K, "int8_gemm: x has ", x_in.size(1), " inputs, weight ",
                   w.K);
   Tensor x = xt == ScalarType::BFloat16 ? x_in : torch::stable::to(x_in, ScalarType::BFloat16);
@@ -910,7 +902,7 @@ Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def(
       "int8_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
-      "int group_size) -> Tensor");
+      "int group_size, bool tiles=True) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int8_gemm", TORCH_BOX(&int8_gemm)); }
