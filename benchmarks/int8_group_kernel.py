@@ -18,7 +18,9 @@ over one tile at a time (4 or more rows) prefetch (``SPECSERVE_ONE_TILE_PREFETCH
 the 1 / 2 KiB of the int4 / int8 kernels' other runs), or with ``--switch layout`` the two
 packings of their weights (each group's constants inline in its tile's stream, as loaded,
 or apart in their own tensor: the same codes and constants), medians of ``--rounds``; the two
-settings give identical logits.
+settings give identical logits. ``--switch amx`` alternates the int4 and six-bit matmuls on
+the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``; their sums round
+differently, so it prints the largest logit difference instead.
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
@@ -28,6 +30,7 @@ settings give identical logits.
     python benchmarks/int8_group_kernel.py --part step --switch layout --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
 
 ``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
 ``--rows`` against its 113 matmuls alone, alternating (what the rest of a step costs):
