@@ -23,16 +23,21 @@ def _greedy(config: EngineConfig, prompt: list[int]) -> tuple[list[int], object]
     return out, engine
 
 
+def _smollm2_draft(weights: str) -> SpecConfig:
+    """SmolLM2 drafting for itself, 3 tokens a step, in the weight format ``weights``."""
+    return SpecConfig(
+        method="draft",
+        draft_model="smollm2-135m-instruct",
+        num_speculative_tokens=3,
+        draft_weights=weights,  # type: ignore[arg-type]
+    )
+
+
 def test_int8_draft_next_to_an_fp32_target_keeps_the_targets_output(smollm2) -> None:  # type: ignore[no-untyped-def]
     prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
     model = ModelConfig(model="smollm2-135m-instruct", dtype="float32")
     plain, _ = _greedy(EngineConfig(model=model), prompt)
-    spec = SpecConfig(
-        method="draft",
-        draft_model="smollm2-135m-instruct",
-        num_speculative_tokens=3,
-        draft_weights="int8",
-    )
+    spec = _smollm2_draft("int8")
     out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
     assert out == plain  # fp32 target verifies: lossless whatever the draft's format
     proposer = engine.proposer  # type: ignore[attr-defined]
@@ -106,12 +111,7 @@ def test_the_draft_stays_off_the_amx_tiles_and_the_output_stays_the_targets(  # 
     prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
     model = ModelConfig(model="smollm2-135m-instruct", dtype="bfloat16", weights="int4")
     plain, _ = _greedy(EngineConfig(model=model), prompt)
-    spec = SpecConfig(
-        method="draft",
-        draft_model="smollm2-135m-instruct",
-        num_speculative_tokens=3,
-        draft_weights="int4",
-    )
+    spec = _smollm2_draft("int4")
     out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
     assert out == plain
     proposer = engine.proposer  # type: ignore[attr-defined]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from specserve.models.native import build, int4_native, int8_native, six_bit
-from specserve.models.quant.int4_weight import Int4Weight
-from specserve.models.quant.int8_group import Int8GroupWeight
+from tests.unit.models.test_int4_native import _random_codes_weight
+from tests.unit.models.test_int8_six_bit import _weight as _six_bit_weight
 
 _, _FLAGS = build.cpu_signature()
 _TILE_FLAGS = ("amx_tile", "amx_bf16", "avx512bw", "avx512_bf16", "avx512vbmi", "gfni")
@@ -30,22 +30,6 @@ tiles = pytest.mark.skipif(not _tiles_possible(), reason="no AMX BF16 tile kerne
 @pytest.fixture
 def on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
-
-
-def _int4(n: int, k: int, gs: int, seed: int = 0) -> Int4Weight:
-    gen = torch.Generator().manual_seed(seed)
-    nibbles = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
-    scale = torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3
-    minimum = -7.5 * scale + torch.randn(n, k // gs, generator=gen) * 1e-3
-    return Int4Weight(nibbles, scale, minimum, gs)
-
-
-def _six_bit(n: int, k: int, gs: int, seed: int = 0) -> Int8GroupWeight:
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=gen)
-    scale = torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3
-    offset = torch.randn(n, k // gs, generator=gen) * 1e-2
-    return Int8GroupWeight(codes, scale, offset, gs)
 
 
 def test_the_switch_is_off_unless_set_to_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +64,7 @@ def test_int4_rows_are_batch_invariant_and_close(
     """Every M from 1 to 20 (one and two row blocks of up to 16), bf16 and fp32 outputs, both
     layouts of the constants, 1 and 2 threads: each row the bits of its 1-row call; close to
     float64 and to the vdpbf16ps kernel (other sums)."""
-    weight = _int4(n, k, gs)
+    weight = _random_codes_weight(n, k, gs)
     packed, apart = int4_native.pack(weight), int4_native.pack(weight, inline_constants=False)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(20, k, generator=gen).to(torch.bfloat16)
@@ -109,7 +93,7 @@ def test_int4_rows_are_batch_invariant_and_close(
 def test_six_bit_rows_are_batch_invariant_and_close(
     monkeypatch: pytest.MonkeyPatch, on: None, n: int, k: int, gs: int
 ) -> None:
-    weight = _six_bit(n, k, gs)
+    weight = _six_bit_weight(n, k, gs)
     packed = int8_native.pack(weight)
     assert packed.code_bits == 6
     gen = torch.Generator().manual_seed(2)
@@ -127,7 +111,7 @@ def test_six_bit_rows_are_batch_invariant_and_close(
 def test_byte_codes_stay_on_their_kernel(monkeypatch: pytest.MonkeyPatch, on: None) -> None:
     """Byte codes (Q8_0, Q5_K in the int8 layout) have no tile variant: the same bits with the
     switch on and off."""
-    weight = _six_bit(40, 256, 32)
+    weight = _six_bit_weight(40, 256, 32)
     packed = int8_native.pack(weight, code_bits=8)
     x = torch.randn(5, 256).to(torch.bfloat16)
     y = int8_native.matmul(x, packed)

@@ -279,15 +279,7 @@ def matmul(x: torch.Tensor, packed: Int8Packed) -> torch.Tensor:
     if not _kernel.loaded():
         raise RuntimeError(f"the native int8-group kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y = torch.ops.specserve.int8_gemm(
-        x2,
-        packed.qweight,
-        packed.scales,
-        packed.row_scale,
-        packed.out_features,
-        packed.group_size,
-        packed.tiles,
-    )
+    y = torch.ops.specserve.int8_gemm(x2, *packed.op_args())
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 
 

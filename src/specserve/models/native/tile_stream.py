@@ -130,6 +130,17 @@ class PackedTiles:
     inline_constants: bool
     tiles: bool
 
+    def op_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool]:
+        """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x``."""
+        return (
+            self.qweight,
+            self.scales,
+            self.row_scale,
+            self.out_features,
+            self.group_size,
+            self.tiles,
+        )
+
     def __post_init__(self) -> None:
         q, r = self.qweight, self.row_scale
         tiles = q.shape[0]

@@ -135,6 +135,16 @@ struct alignas(64) PairRows {
   uint32_t row[16][kTile];  // B: pair j of the chunk in row j
 };
 
+// Block blk of a six-bit unit: B's rows 2 blk and 2 blk + 1.
+template <int blk>
+inline void six_bit_rows(__m512i l0, __m512i l1, __m512i hb, __m512i pairs01, __m512i pairs23,
+                         PairRows& b) {
+  __m512i z0, z1;
+  six_bit_block_pairs<blk>(l0, l1, hb, pairs01, pairs23, z0, z1);
+  _mm512_store_si512(b.row[2 * blk], z0);
+  _mm512_store_si512(b.row[2 * blk + 1], z1);
+}
+
 // One chunk of codes (int4: 32 inputs, 4 blocks; six-bit: one unit of 16 inputs, 3 blocks)
 // into B's rows.
 template <int kBits>
@@ -150,19 +160,10 @@ inline void unpack_chunk(const uint8_t* src, PairRows& b, __m512i pairs01, __m51
   } else {
     const __m512i l0 = _mm512_loadu_si512(src), l1 = _mm512_loadu_si512(src + kBlock);
     const __m512i hb = _mm512_loadu_si512(src + 2 * kBlock);
-    __m512i z0, z1;
-    six_bit_block_pairs<0>(l0, l1, hb, pairs01, pairs23, z0, z1);
-    _mm512_store_si512(b.row[0], z0);
-    _mm512_store_si512(b.row[1], z1);
-    six_bit_block_pairs<1>(l0, l1, hb, pairs01, pairs23, z0, z1);
-    _mm512_store_si512(b.row[2], z0);
-    _mm512_store_si512(b.row[3], z1);
-    six_bit_block_pairs<2>(l0, l1, hb, pairs01, pairs23, z0, z1);
-    _mm512_store_si512(b.row[4], z0);
-    _mm512_store_si512(b.row[5], z1);
-    six_bit_block_pairs<3>(l0, l1, hb, pairs01, pairs23, z0, z1);
-    _mm512_store_si512(b.row[6], z0);
-    _mm512_store_si512(b.row[7], z1);
+    six_bit_rows<0>(l0, l1, hb, pairs01, pairs23, b);
+    six_bit_rows<1>(l0, l1, hb, pairs01, pairs23, b);
+    six_bit_rows<2>(l0, l1, hb, pairs01, pairs23, b);
+    six_bit_rows<3>(l0, l1, hb, pairs01, pairs23, b);
   }
 }
 
