@@ -20,6 +20,13 @@ process and then through the server, ``--rounds`` times, so each pair runs secon
 a host whose speed drifts over minutes; the summary line gives the median of the pairs'
 ratios. Last, the server process's peak RSS (its VmHWM).
 
+With ``--loop``, a third side decodes each prompt just before the other two: the batch-1
+loop ``specserve perf`` times (``spec_decode/speculative_loop.py``, or the plain loop), on
+the in-process engine's own model objects, with a new proposer and k controller for each
+decode as ``perf`` makes them. Its TPOT beside the engine's says whether the engine's step
+(scheduler, paged KV cache, its controller kept across requests) costs more than ``perf``'s
+figures show; its tokens per target forward say whether the two controllers chose alike.
+
     .venv/bin/python benchmarks/server_step.py --max-tokens 64 -- \\
         --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
         --draft-model qwen2.5-coder-0.5b-instruct --draft-weights int4
@@ -44,10 +51,12 @@ from specserve.bench.scrape import parse_prometheus
 from specserve.bench.suites import get_suite
 from specserve.cli import build_parser
 from specserve.commands.serve import engine_config_from_args
-from specserve.engine.builder import build_engine
+from specserve.engine.builder import build_engine, build_spec
 from specserve.loading import load_tokenizer
 from specserve.sampling_params import SamplingParams
 from specserve.server.launcher import ServerProcess
+from specserve.spec_decode.plain_loop import generate_plain
+from specserve.spec_decode.speculative_loop import generate_speculative
 
 _STEP_SUMS = ("specserve:draft_time_seconds_sum", "specserve:verify_time_seconds_sum")
 _STEP_COUNT = "specserve:verify_time_seconds_count"
@@ -75,7 +84,8 @@ class InProcess:
     """The engine the server wraps, built in this process and driven step by step."""
 
     def __init__(self, serve_args: argparse.Namespace, warm_up: list[int]) -> None:
-        self.engine = build_engine(engine_config_from_args(serve_args))
+        self.config = engine_config_from_args(serve_args)
+        self.engine = build_engine(self.config)
         self.model_s: list[float] = []  # per step: draft + verify time, as the server sums
         self.engine.add_step_listener(lambda st: self.model_s.append(st.draft_s + st.verify_s))
         self.engine.add_request("warm-up", warm_up, SamplingParams(max_tokens=8, temperature=0.0))
@@ -98,6 +108,35 @@ class InProcess:
                 last = now
             tokens += new
         return Side(len(self.model_s), sum(self.model_s), tokens, last - first)
+
+
+class Loop:
+    """``perf``'s batch-1 loop on the in-process engine's models: a new proposer and k
+    controller per decode. ``Side.steps`` counts target forwards after the first token and
+    ``Side.step_s`` is the wall time after it (the loop does not split draft from verify)."""
+
+    def __init__(self, local: InProcess) -> None:
+        engine = local.engine
+        self.spec = local.config.spec
+        if self.spec.enabled and self.spec.method not in ("draft", "ngram"):
+            raise SystemExit(f"--loop runs plain, draft and ngram, not {self.spec.method}")
+        self.target = engine.model
+        self.draft = getattr(engine.proposer, "model", None)
+        self.max_model_len = engine.max_model_len
+        self.eos = engine.eos_token_ids
+
+    def run(self, ids: list[int], max_tokens: int) -> Side:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        if not self.spec.enabled:
+            r = generate_plain(self.target, ids, params, self.eos)
+        else:
+            proposer, controller = build_spec(
+                self.spec, self.target, self.draft, max_model_len=self.max_model_len
+            )
+            assert proposer is not None and controller is not None
+            r = generate_speculative(self.target, proposer, ids, params, self.eos, controller)
+        forwards = r.num_target_forwards or max(len(r.token_ids) - 1, 0)
+        return Side(forwards, r.decode_s, len(r.token_ids), r.decode_s)
 
 
 def _step_totals(base_url: str) -> tuple[float, float]:
@@ -160,6 +199,10 @@ def main() -> int:
         "--rounds", type=int, default=2,
         help="rounds of (each prompt in process, then the same through the server)",
     )  # fmt: skip
+    p.add_argument(
+        "--loop", action="store_true",
+        help="also decode each prompt with perf's batch-1 loop on the same models",
+    )  # fmt: skip
     p.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then specserve serve flags")
     args = p.parse_args()
     if args.rounds < 1:
@@ -176,24 +219,41 @@ def main() -> int:
     with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
         _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
         local = InProcess(serve_args, prompts[0])
+        loop = Loop(local) if args.loop else None
         print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
+        extra = " TPOT ms loop | in process / loop | tokens per forward loop / in process |"
         print("| round | prompt | ms/step in process | ms/step server | server/in process | "
-              "TPOT ms in process | TPOT ms server | server/in process | tokens |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|---|")
+              "TPOT ms in process | TPOT ms server | server/in process | tokens |"
+              + (extra if loop else ""))  # fmt: skip
+        print("|---" * (12 if loop else 9) + "|")
         step_ratios: list[float] = []
         tpot_ratios: list[float] = []
+        loop_ratios: list[float] = []
         for round_ in range(1, args.rounds + 1):
             for name, ids in zip(wanted, prompts, strict=True):  # a pair's sides: seconds apart
+                c = loop.run(ids, args.max_tokens) if loop else None
                 a = local.run(ids, args.max_tokens)
                 b = through_server(srv.base_url, ids, args.max_tokens)
                 step_ratios.append(b.ms_per_step / a.ms_per_step)
                 tpot_ratios.append(b.tpot_ms / a.tpot_ms)
-                print(
+                row = (
                     f"| {round_} | {name} | {a.ms_per_step:.1f} | {b.ms_per_step:.1f} | "
                     f"{step_ratios[-1]:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
-                    f"{tpot_ratios[-1]:.2f} | {a.tokens} / {b.tokens} |",
-                    flush=True,
+                    f"{tpot_ratios[-1]:.2f} | {a.tokens} / {b.tokens} |"
                 )
+                if c is not None:
+                    loop_ratios.append(a.tpot_ms / c.tpot_ms)
+                    # the engine's steps include the prompt's: its first token is not decode
+                    per_step = (a.tokens - 1) / max(a.steps - 1, 1)
+                    per_forward = (c.tokens - 1) / max(c.steps, 1)
+                    row += (
+                        f" {c.tpot_ms:.1f} | {loop_ratios[-1]:.2f} | "
+                        f"{per_forward:.2f} / {per_step:.2f} |"
+                    )
+                print(row, flush=True)
+        if loop_ratios:
+            print(f"median of {len(loop_ratios)}, in process / loop: TPOT "
+                  f"{statistics.median(loop_ratios):.2f}")  # fmt: skip
         print(
             f"median of {len(tpot_ratios)} pairs, server / in process: "
             f"ms/step {statistics.median(step_ratios):.2f}, "

@@ -217,3 +217,34 @@ def test_draft_cost_is_not_learned_from_a_catch_up_burst() -> None:
     drafted = [(n, v) for _, n, v in recorded if v > 1]  # steps that verified a draft
     assert drafted[0] == (0, 4)  # the burst: verify recorded, no draft cost
     assert all(n == v - 1 > 0 for n, v in drafted[1:])
+
+
+def test_draft_model_runs_each_prompt_in_the_step_that_completes_it() -> None:
+    """The draft's pass over a prompt runs in the step that samples the prompt's first token
+    (after the last of its chunks), once per request, so the first propose call catches up
+    one token; the output still equals plain decoding."""
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    draft = make_tiny_model("llama", vocab_size=VOCAB, seed=1)
+    engine = make_engine(target, "draft", 3, draft)
+    proposer = engine.proposer
+    assert proposer is not None
+    prefilled: list[tuple[str, int, int]] = []  # request, prompt tokens, its output so far
+    prefill = proposer.prefill  # type: ignore[attr-defined]
+
+    def spy(request_id: str, prompt_ids: list[int]) -> None:
+        prefilled.append(
+            (request_id, len(prompt_ids), engine.requests[request_id].num_output_tokens)
+        )
+        prefill(request_id, prompt_ids)
+
+    proposer.prefill = spy  # type: ignore[attr-defined]
+    _, catch_ups = spy_costs_and_catch_ups(engine.k_controller, proposer)  # type: ignore[arg-type]
+    rng = random.Random(3)
+    prompts = {"long": [rng.randrange(VOCAB - 1) for _ in range(45)], "short": [1, 2, 3]}
+    params = {rid: SamplingParams(max_tokens=10, ignore_eos=True) for rid in prompts}
+    outs = run_staggered(engine, prompts, params, {"long": 0, "short": 1})  # 45 > 32 a step
+    assert sorted(prefilled) == [("long", 45, 1), ("short", 3, 1)]
+    assert all(c == 1 for c in catch_ups), catch_ups
+    for rid, prompt in prompts.items():
+        ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid

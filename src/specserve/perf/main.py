@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         load_s = time.perf_counter() - t0
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
-        fused_layer.allow_tiles(draft.model, False)  # as the engine builder does
+        # as the engine builder does
+        fused_layer.allow_tiles(draft.model, True, from_rows=fused_layer.DRAFT_TILE_ROWS)
         if not prompts:
             prompts = [
                 target.tokenizer.encode_chat([{"role": "user", "content": p.text}]) for p in chosen

@@ -8,6 +8,7 @@ from torch import nn
 from specserve.config import EngineConfig, ModelConfig, SpecConfig
 from specserve.engine.builder import build_engine
 from specserve.models.decoder import DecoderLayer
+from specserve.models.native import fused_layer
 from specserve.models.quant.layers import Int4Linear, Int8Linear
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import DraftModelProposer
@@ -101,12 +102,13 @@ def test_a_draft_confidence_stop_reaches_the_proposer_and_the_controller() -> No
     assert controller is not None and not controller.confidence_stop
 
 
-def test_the_draft_stays_off_the_amx_tiles_and_the_output_stays_the_targets(  # type: ignore[no-untyped-def]
+def test_the_draft_takes_the_amx_tiles_only_for_several_rows_and_the_output_stays_the_targets(  # type: ignore[no-untyped-def]
     smollm2, monkeypatch
 ) -> None:
     """With the tiles on (``SPECSERVE_QUANT_AMX=1``, where the CPU has them) the target's
-    packed weights may use them and the draft's may not: speculative greedy output equals
-    plain greedy output, both on the same target kernels."""
+    packed weights use them for every call and the draft's only for calls of
+    ``DRAFT_TILE_ROWS`` rows or more (prompt chunks, catch-ups): speculative greedy output
+    equals plain greedy output, both on the same target kernels."""
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
     prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
     model = ModelConfig(model="smollm2-135m-instruct", dtype="bfloat16", weights="int4")
@@ -121,9 +123,10 @@ def test_the_draft_stays_off_the_amx_tiles_and_the_output_stays_the_targets(  # 
     assert isinstance(draft_down, Int4Linear) and isinstance(target_down, Int4Linear)
     if draft_down.native is None or target_down.native is None:  # no native int4 kernel
         return
-    assert draft_down.native.tiles is False and target_down.native.tiles is True
+    rows = fused_layer.DRAFT_TILE_ROWS
+    assert (draft_down.native.tiles_from_rows, target_down.native.tiles_from_rows) == (rows, 1)
     draft_layer = proposer.model.get_submodule("model.layers.0")
     target_layer = engine.model.get_submodule("model.layers.0")  # type: ignore[attr-defined]
     assert isinstance(draft_layer, DecoderLayer) and isinstance(target_layer, DecoderLayer)
     if draft_layer.fused is not None and target_layer.fused is not None:  # the op's last arg
-        assert draft_layer.fused.args[-1] is False and target_layer.fused.args[-1] is True
+        assert (draft_layer.fused.tiles_from_rows, target_layer.fused.tiles_from_rows) == (rows, 1)

@@ -121,9 +121,11 @@ def test_byte_codes_stay_on_their_kernel(monkeypatch: pytest.MonkeyPatch, on: No
 
 @tiles
 def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on: None) -> None:
-    """``fused_layer.allow_tiles(model, False)`` (a draft model's) puts every packed weight and
-    the fused layers' arguments back on the vdpbf16ps kernels: the bits of the switch off;
-    allowed again, the tiles' bits."""
+    """``fused_layer.allow_tiles(model, False)`` puts every packed weight and the fused layers'
+    arguments back on the vdpbf16ps kernels: the bits of the switch off; allowed again, the
+    tiles' bits. With ``from_rows`` (a draft model's), calls of fewer rows give the bits of
+    the switch off and calls of as many rows or more the tiles' bits, in the matmul ops and in
+    the fused layers alike."""
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.models.decoder import DecoderLayer
     from specserve.models.native import fused_layer
@@ -137,23 +139,45 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     down = model.get_submodule("model.layers.0.mlp.down_proj")
     assert isinstance(down, Int4Linear) and down.native is not None
     packed = down.native
-    x = torch.randn(16, packed.in_features, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    # spread exponents: sums of a few rows of plain normal inputs can come out exact both ways
+    x = torch.randn(16, packed.in_features, generator=g)
+    x *= torch.exp(torch.randn(16, packed.in_features, generator=g))
 
-    def outputs() -> tuple[torch.Tensor, torch.Tensor]:  # fp32 sums: the last bits show
+    def outputs(rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:  # fp32: the last bits show
         cache = SingleSequenceCache(model, 32)
-        return int4_native.matmul(x, packed), model.compute_logits(cache.forward([5, 17, 3]))
+        tokens = [5, 17, 3, 9, 11, 2][:rows]
+        return int4_native.matmul(x[:rows], packed), model.compute_logits(cache.forward(tokens))
 
-    on_tiles = outputs()
+    on_tiles = {rows: outputs(rows) for rows in (3, 4)}
     assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles"
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "0")
-    off = outputs()
+    off = {rows: outputs(rows) for rows in (3, 4)}
     assert fused_layer.describe(model) == "native int4_decoder_layer"
-    assert not torch.equal(on_tiles[0], off[0])  # other sums: the tiles did run
+    for rows in (3, 4):  # other sums: the tiles did run
+        assert not torch.equal(on_tiles[rows][0], off[rows][0])
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
     fused_layer.allow_tiles(model, False)
     layers = [cast("DecoderLayer", layer) for layer in model.model.layers]
     assert not packed.tiles and all(la.fused and la.fused.args[-1] is False for la in layers)
-    assert all(torch.equal(a, b) for a, b in zip(outputs(), off, strict=True))
-    assert fused_layer.describe(model) == "native int4_decoder_layer"  # a draft's
+    assert all(torch.equal(a, b) for a, b in zip(outputs(), off[3], strict=True))
+    assert fused_layer.describe(model) == "native int4_decoder_layer"
     fused_layer.allow_tiles(model, True)
-    assert all(torch.equal(a, b) for a, b in zip(outputs(), on_tiles, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(outputs(), on_tiles[3], strict=True))
+    fused_layer.allow_tiles(model, True, from_rows=4)  # a draft's
+    assert packed.tiles_from_rows == 4
+    assert all(la.fused and la.fused.tiles_from_rows == 4 for la in layers)
+    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows"
+    layer_op = torch.ops.specserve.int4_decoder_layer
+    calls: list[tuple[int, bool]] = []  # (rows, tiles) of each fused layer call
+
+    def spy(rows: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append((rows.shape[0], bool(args[-1])))
+        return layer_op(rows, *args)
+
+    monkeypatch.setattr(torch.ops.specserve, "int4_decoder_layer", spy)
+    assert all(torch.equal(a, b) for a, b in zip(outputs(3), off[3], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(outputs(4), on_tiles[4], strict=True))
+    assert set(calls) == {(3, False), (4, True)}
+    with pytest.raises(ValueError, match="from_rows"):
+        fused_layer.allow_tiles(model, True, from_rows=0)

@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 _MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
+# Input rows from which a draft model's quantised matmuls take the AMX tiles (when they are
+# on): on the gguf 0.5B a forward of 3 rows ran at 0.96x of vdpbf16ps on them, of 4 at 1.08x,
+# of a 16-row prompt chunk at 2.1x (docs/benchmarks.md).
+DRAFT_TILE_ROWS = 4
 _ENV_SWITCH = "SPECSERVE_FUSED_LAYER"
 
 
@@ -64,6 +68,8 @@ class LayerWeights:
     layer_idx: int
     op: str
     args: tuple[object, ...]
+    # int4_decoder_layer: forwards of fewer rows pass tiles=False (its last argument)
+    tiles_from_rows: int = 1
 
 
 def _layers(model: DecoderLM) -> list[DecoderLayer]:
@@ -129,7 +135,7 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         float(layer.input_layernorm.eps),
         qkv.native.tiles,  # allow_tiles sets it for every projection of a model alike
     )
-    return LayerWeights(attn.layer_idx, "int4_decoder_layer", args)
+    return LayerWeights(attn.layer_idx, "int4_decoder_layer", args, qkv.native.tiles_from_rows)
 
 
 def _dense(linear: object, what: str) -> torch.nn.Linear:
@@ -227,7 +233,8 @@ def describe(model: DecoderLM) -> str:
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.kernel()}"
         if fused.args[-1] is True and int4_native.amx_tiles():
-            return f"native {fused.op} on AMX tiles"
+            rows = fused.tiles_from_rows
+            return f"native {fused.op} on AMX tiles" + (f" from {rows} rows" if rows > 1 else "")
         return f"native {fused.op}"
     return f"eager ({why_not(model) or 'not enabled'})"
 
@@ -251,16 +258,24 @@ def enable(model: DecoderLM) -> bool:
     return True
 
 
-def allow_tiles(model: torch.nn.Module, allowed: bool) -> None:
+def allow_tiles(model: torch.nn.Module, allowed: bool, from_rows: int = 1) -> None:
     """Whether the int4 and six-bit matmuls of ``model`` may run on the AMX tiles when they are
-    switched on (``SPECSERVE_QUANT_AMX=1``, ``int4_native.amx_tiles``): every packed weight's
-    ``tiles``, and the fused layers' arguments again where they are on. A draft model's
-    weights do not (the engine builder): its proposals need no batch invariance, and its
-    one-token steps are faster on the ``vdpbf16ps`` kernels."""
+    switched on (``SPECSERVE_QUANT_AMX=1``, ``int4_native.amx_tiles``), and in calls of how
+    many input rows on: every packed weight's ``tiles`` and ``tiles_from_rows``, and the
+    fused layers' arguments again where they are on.
+
+    A target's weights take them from one row (the default): a row's result must not
+    depend on how many rows share the call. A draft model's take them from
+    :data:`DRAFT_TILE_ROWS` (the engine builder, ``perf``): its proposals need no batch
+    invariance, its one-token steps are faster on the ``vdpbf16ps`` kernels, and its prompt
+    chunks and catch-ups faster on the tiles."""
+    if from_rows < 1:
+        raise ValueError(f"from_rows must be >= 1, got {from_rows}")
     for module in model.modules():
         packed = getattr(module, "native", None)
         if isinstance(module, _QUANT_LINEARS) and packed is not None:
             packed.tiles = allowed
+            packed.tiles_from_rows = from_rows
     if isinstance(model, DecoderLM) and model.layer_runner is run_layers:
         enable(model)
 
@@ -300,6 +315,7 @@ def run_layers(
             captured.append(rows.view(b, t, h))
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
+        args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], False)
         rows = getattr(torch.ops.specserve, w.op)(
             rows,
             positions,
@@ -309,7 +325,7 @@ def run_layers(
             sin2,
             kv._k_layers[w.layer_idx],
             kv._v_layers[w.layer_idx],
-            *w.args,
+            *args,
         )
     return rows.view(b, t, h)
 

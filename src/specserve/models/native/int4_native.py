@@ -109,9 +109,11 @@ class Int4Packed(tile_stream.PackedTiles):
     group_size: int
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
-    # Whether the weight may run on the AMX tiles when they are on (amx_tiles()); a draft
-    # model's weights do not (fused_layer.allow_tiles).
+    # Whether the weight may run on the AMX tiles when they are on (amx_tiles()), and from how
+    # many input rows a call on: 1 for a target's weights (rows batch invariant), more for a
+    # draft model's (fused_layer.allow_tiles).
     tiles: bool = field(default=True, init=False)
+    tiles_from_rows: int = field(default=1, init=False)
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -206,7 +208,7 @@ def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
     if not _kernel.loaded():
         raise RuntimeError(f"the native int4 kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y = torch.ops.specserve.int4_gemm(x2, *packed.op_args())
+    y = torch.ops.specserve.int4_gemm(x2, *packed.op_args(x2.shape[0]))
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 
 
@@ -263,8 +265,9 @@ def amx_tiles() -> bool:
     """Whether int4 matmuls (group sizes a multiple of 32) and six-bit int8-group matmuls run
     on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS
     grants the tile state and ``SPECSERVE_QUANT_AMX`` is ``1`` (off by default; read on every
-    call, as the kernels read it). Weights whose ``tiles`` is False (a draft model's) stay on
-    the ``vdpbf16ps`` kernels. A one-row matmul is slower on the tiles, one of several rows
+    call, as the kernels read it). Weights whose ``tiles`` is False stay on the ``vdpbf16ps``
+    kernels, and a draft model's take the tiles only in calls of ``tiles_from_rows`` rows or
+    more (``fused_layer.allow_tiles``). A one-row matmul is slower on the tiles, one of several rows
     faster: they serve the target of speculative decoding. The tiles sum each group's
     products in another order than ``vdpbf16ps``, so outputs differ from those kernels' by
     rounding; rows stay batch invariant. False where the kernel is not available."""

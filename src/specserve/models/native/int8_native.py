@@ -133,8 +133,10 @@ class Int8Packed(tile_stream.PackedTiles):
     group_size: int
     in_features: int = field(init=False)
     inline_constants: bool = field(init=False)
-    # as Int4Packed.tiles: whether six-bit codes may run on the AMX tiles when they are on
+    # as Int4Packed's: whether six-bit codes may run on the AMX tiles when they are on, from
+    # how many input rows a call on
     tiles: bool = field(default=True, init=False)
+    tiles_from_rows: int = field(default=1, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit
@@ -279,7 +281,7 @@ def matmul(x: torch.Tensor, packed: Int8Packed) -> torch.Tensor:
     if not _kernel.loaded():
         raise RuntimeError(f"the native int8-group kernel is not loaded: {unavailable_reason()}")
     x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y = torch.ops.specserve.int8_gemm(x2, *packed.op_args())
+    y = torch.ops.specserve.int8_gemm(x2, *packed.op_args(x2.shape[0]))
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
 
 

@@ -116,8 +116,9 @@ class PackedTiles:
     """What the packed int4 and int8-group weights share: the checks of their tensors, their
     code blocks and constants whichever the layout, and their size. Subclasses are dataclasses
     with ``qweight``, ``scales``, ``row_scale``, ``out_features`` and ``group_size`` (and
-    ``in_features`` and ``inline_constants``, derived here, and ``tiles``, whether the weight
-    may run on the AMX tiles), and set ``BLOCK_K`` and ``CODE_DTYPE``."""
+    ``in_features`` and ``inline_constants``, derived here, ``tiles``, whether the weight
+    may run on the AMX tiles, and ``tiles_from_rows``, the fewest input rows a call needs to
+    take them), and set ``BLOCK_K`` and ``CODE_DTYPE``."""
 
     BLOCK_K: ClassVar[int]
     CODE_DTYPE: ClassVar[torch.dtype]
@@ -129,16 +130,17 @@ class PackedTiles:
     in_features: int
     inline_constants: bool
     tiles: bool
+    tiles_from_rows: int
 
-    def op_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool]:
-        """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x``."""
+    def op_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool]:
+        """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x # [rows, K]``."""
         return (
             self.qweight,
             self.scales,
             self.row_scale,
             self.out_features,
             self.group_size,
-            self.tiles,
+            self.tiles and rows >= self.tiles_from_rows,
         )
 
     def __post_init__(self) -> None:
