@@ -40,6 +40,9 @@ def test_the_switch_is_off_unless_set_to_one(monkeypatch: pytest.MonkeyPatch) ->
         assert not int4_native.amx_tiles(), value
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
     assert int4_native.amx_tiles() == _tiles_possible()
+    for value in ("0", "1"):  # a draft's calls of several rows: wherever the CPU has them
+        monkeypatch.setenv("SPECSERVE_QUANT_AMX", value)
+        assert int4_native.amx_tiles(switched=False) == _tiles_possible()
 
 
 @tiles
@@ -125,7 +128,7 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     arguments back on the vdpbf16ps kernels: the bits of the switch off; allowed again, the
     tiles' bits. With ``from_rows`` (a draft model's), calls of fewer rows give the bits of
     the switch off and calls of as many rows or more the tiles' bits, in the matmul ops and in
-    the fused layers alike."""
+    the fused layers alike, and with the switch off too."""
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.models.decoder import DecoderLayer
     from specserve.models.native import fused_layer
@@ -159,7 +162,7 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
     fused_layer.allow_tiles(model, False)
     layers = [cast("DecoderLayer", layer) for layer in model.model.layers]
-    assert not packed.tiles and all(la.fused and la.fused.args[-1] is False for la in layers)
+    assert not packed.tiles and all(la.fused and la.fused.args[-1] == 0 for la in layers)
     assert all(torch.equal(a, b) for a, b in zip(outputs(), off[3], strict=True))
     assert fused_layer.describe(model) == "native int4_decoder_layer"
     fused_layer.allow_tiles(model, True)
@@ -172,12 +175,16 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     calls: list[tuple[int, bool]] = []  # (rows, tiles) of each fused layer call
 
     def spy(rows: torch.Tensor, *args: object) -> torch.Tensor:
-        calls.append((rows.shape[0], bool(args[-1])))
+        calls.append((rows.shape[0], int(cast(int, args[-1]))))
         return layer_op(rows, *args)
 
     monkeypatch.setattr(torch.ops.specserve, "int4_decoder_layer", spy)
     assert all(torch.equal(a, b) for a, b in zip(outputs(3), off[3], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(outputs(4), on_tiles[4], strict=True))
-    assert set(calls) == {(3, False), (4, True)}
+    assert set(calls) == {(3, 0), (4, 2)}  # TILES_NEVER, TILES_PERMITTED
+    monkeypatch.setenv("SPECSERVE_QUANT_AMX", "0")  # a draft's need no switch
+    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows"
+    assert all(torch.equal(a, b) for a, b in zip(outputs(4), on_tiles[4], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(outputs(3), off[3], strict=True))
     with pytest.raises(ValueError, match="from_rows"):
         fused_layer.allow_tiles(model, True, from_rows=0)

@@ -164,7 +164,7 @@ def register_fakes() -> None:
         row_scale: torch.Tensor,
         out_features: int,
         group_size: int,
-        tiles: bool = True,
+        tiles: int = 1,
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], out_features))
 

@@ -46,6 +46,7 @@ from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLayer, DecoderLM
 from specserve.models.native import bf16_native, int4_native, int8_native
 from specserve.models.native.env_switch import switched_off
+from specserve.models.native.tile_stream import TILES_NEVER, TILES_PERMITTED, TILES_SWITCHED
 from specserve.models.quant.int8_group import Int8GroupLinear
 from specserve.models.quant.layers import Int4Linear
 
@@ -53,8 +54,8 @@ logger = logging.getLogger(__name__)
 
 _MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
-# Input rows from which a draft model's quantised matmuls take the AMX tiles (when they are
-# on): on the gguf 0.5B a forward of 3 rows ran at 0.96x of vdpbf16ps on them, of 4 at 1.08x,
+# Input rows from which a draft model's quantised matmuls take the AMX tiles (wherever the CPU
+# has them): on the gguf 0.5B a forward of 3 rows ran at 0.96x of vdpbf16ps on them, of 4 at 1.08x,
 # of a 16-row prompt chunk at 2.1x (docs/benchmarks.md).
 DRAFT_TILE_ROWS = 4
 _ENV_SWITCH = "SPECSERVE_FUSED_LAYER"
@@ -68,7 +69,7 @@ class LayerWeights:
     layer_idx: int
     op: str
     args: tuple[object, ...]
-    # int4_decoder_layer: forwards of fewer rows pass tiles=False (its last argument)
+    # int4_decoder_layer: forwards of fewer rows pass TILES_NEVER (its last argument)
     tiles_from_rows: int = 1
 
 
@@ -133,7 +134,9 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         attn.num_heads,
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
-        qkv.native.tiles,  # allow_tiles sets it for every projection of a model alike
+        # allow_tiles sets it for every projection of a model alike; run_layers passes
+        # TILES_NEVER instead for forwards of fewer than tiles_from_rows rows
+        qkv.native.tile_mode(qkv.native.tiles_from_rows),
     )
     return LayerWeights(attn.layer_idx, "int4_decoder_layer", args, qkv.native.tiles_from_rows)
 
@@ -232,9 +235,11 @@ def describe(model: DecoderLM) -> str:
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.kernel()}"
-        if fused.args[-1] is True and int4_native.amx_tiles():
-            rows = fused.tiles_from_rows
-            return f"native {fused.op} on AMX tiles" + (f" from {rows} rows" if rows > 1 else "")
+        mode = fused.args[-1]
+        if mode == TILES_SWITCHED and int4_native.amx_tiles():
+            return f"native {fused.op} on AMX tiles"
+        if mode == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
+            return f"native {fused.op} on AMX tiles from {fused.tiles_from_rows} rows"
         return f"native {fused.op}"
     return f"eager ({why_not(model) or 'not enabled'})"
 
@@ -259,16 +264,17 @@ def enable(model: DecoderLM) -> bool:
 
 
 def allow_tiles(model: torch.nn.Module, allowed: bool, from_rows: int = 1) -> None:
-    """Whether the int4 and six-bit matmuls of ``model`` may run on the AMX tiles when they are
-    switched on (``SPECSERVE_QUANT_AMX=1``, ``int4_native.amx_tiles``), and in calls of how
-    many input rows on: every packed weight's ``tiles`` and ``tiles_from_rows``, and the
-    fused layers' arguments again where they are on.
+    """Whether the int4 and six-bit matmuls of ``model`` may run on the AMX tiles, and in
+    calls of how many input rows on: every packed weight's ``tiles`` and ``tiles_from_rows``,
+    and the fused layers' arguments again where they are on.
 
-    A target's weights take them from one row (the default): a row's result must not
-    depend on how many rows share the call. A draft model's take them from
-    :data:`DRAFT_TILE_ROWS` (the engine builder, ``perf``): its proposals need no batch
-    invariance, its one-token steps are faster on the ``vdpbf16ps`` kernels, and its prompt
-    chunks and catch-ups faster on the tiles."""
+    A target's weights take them from one row (the default), in every call, where they are
+    switched on (``SPECSERVE_QUANT_AMX=1``, ``int4_native.amx_tiles``): a row's result must
+    not depend on how many rows share the call. A draft model's take them from
+    :data:`DRAFT_TILE_ROWS` (the engine builder, ``perf``) wherever the CPU has them, switch
+    or not: its proposals need no batch invariance, its one-token steps are faster on the
+    ``vdpbf16ps`` kernels, and its prompt chunks and catch-ups faster on the tiles
+    (``PackedTiles.tile_mode``)."""
     if from_rows < 1:
         raise ValueError(f"from_rows must be >= 1, got {from_rows}")
     for module in model.modules():
@@ -315,7 +321,7 @@ def run_layers(
             captured.append(rows.view(b, t, h))
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
-        args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], False)
+        args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], TILES_NEVER)
         rows = getattr(torch.ops.specserve, w.op)(
             rows,
             positions,

@@ -261,14 +261,15 @@ def unavailable_reason() -> str | None:
     return _kernel.unavailable_reason()
 
 
-def amx_tiles() -> bool:
+def amx_tiles(switched: bool = True) -> bool:
     """Whether int4 matmuls (group sizes a multiple of 32) and six-bit int8-group matmuls run
     on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS
     grants the tile state and ``SPECSERVE_QUANT_AMX`` is ``1`` (off by default; read on every
-    call, as the kernels read it). Weights whose ``tiles`` is False stay on the ``vdpbf16ps``
-    kernels, and a draft model's take the tiles only in calls of ``tiles_from_rows`` rows or
-    more (``fused_layer.allow_tiles``). A one-row matmul is slower on the tiles, one of several rows
-    faster: they serve the target of speculative decoding. The tiles sum each group's
+    call, as the kernels read it); with ``switched=False``, whether they are there at all, the
+    switch aside: a draft model's weights take them in calls of ``tiles_from_rows`` rows or
+    more wherever they are (``fused_layer.allow_tiles``). Weights whose ``tiles`` is False
+    stay on the ``vdpbf16ps`` kernels. A one-row matmul is slower on the tiles, one of several
+    rows faster: they serve the target of speculative decoding. The tiles sum each group's
     products in another order than ``vdpbf16ps``, so outputs differ from those kernels' by
     rounding; rows stay batch invariant. False where the kernel is not available."""
-    return available() and bool(torch.ops.specserve.quant_amx_active())
+    return available() and bool(torch.ops.specserve.quant_amx_active(switched))

@@ -112,13 +112,25 @@ def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Ten
     return group_views(qweight.view(qweight.shape[0], -1, bpg + 1, BLOCK_BYTES))[1]
 
 
+# The matmul ops' ``tiles`` argument (``PackedWeight::tiles`` in csrc/int4_gemv.h): never on
+# the AMX tiles; on them where SPECSERVE_QUANT_AMX=1 (a target's weights, every call); on them
+# wherever the CPU and OS have them (a draft model's calls of several rows).
+TILES_NEVER, TILES_SWITCHED, TILES_PERMITTED = 0, 1, 2
+
+
 class PackedTiles:
     """What the packed int4 and int8-group weights share: the checks of their tensors, their
     code blocks and constants whichever the layout, and their size. Subclasses are dataclasses
     with ``qweight``, ``scales``, ``row_scale``, ``out_features`` and ``group_size`` (and
     ``in_features`` and ``inline_constants``, derived here, ``tiles``, whether the weight
     may run on the AMX tiles, and ``tiles_from_rows``, the fewest input rows a call needs to
-    take them), and set ``BLOCK_K`` and ``CODE_DTYPE``."""
+    take them), and set ``BLOCK_K`` and ``CODE_DTYPE``.
+
+    A weight with ``tiles_from_rows`` 1 (a target's) takes the tiles in every call where
+    ``SPECSERVE_QUANT_AMX=1``: its rows stay batch invariant, and the switch is the user's
+    opt-in to slower one-token steps. One with more (a draft model's) takes them in its calls
+    of that many rows or more wherever the CPU has them, where they are faster: it chooses
+    per call, so its rows are not batch invariant, which proposals need not be."""
 
     BLOCK_K: ClassVar[int]
     CODE_DTYPE: ClassVar[torch.dtype]
@@ -132,7 +144,13 @@ class PackedTiles:
     tiles: bool
     tiles_from_rows: int
 
-    def op_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool]:
+    def tile_mode(self, rows: int) -> int:
+        """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
+        if not self.tiles or rows < self.tiles_from_rows:
+            return TILES_NEVER
+        return TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED
+
+    def op_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
         """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x # [rows, K]``."""
         return (
             self.qweight,
@@ -140,7 +158,7 @@ class PackedTiles:
             self.row_scale,
             self.out_features,
             self.group_size,
-            self.tiles and rows >= self.tiles_from_rows,
+            self.tile_mode(rows),
         )
 
     def __post_init__(self) -> None:

@@ -361,7 +361,7 @@ Tensor int4_decoder_layer(
     const Tensor& post_norm, const Tensor& gate_up_qweight, const Tensor& gate_up_scales,
     const Tensor& gate_up_row_scale, int64_t gate_up_group, const Tensor& down_qweight,
     const Tensor& down_scales, const Tensor& down_row_scale, int64_t down_group,
-    int64_t num_heads, int64_t num_kv_heads, double eps, bool tiles) {
+    int64_t num_heads, int64_t num_kv_heads, double eps, int64_t tiles) {
   const char* op = "int4_decoder_layer";
   Layer L{op,      x,          positions, slot_mapping, context_slots, cos,    sin,
           k_cache, v_cache,    input_norm, post_norm,  q_norm,        k_norm, num_heads,
@@ -469,7 +469,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
       "Tensor post_norm, Tensor gate_up_qweight, Tensor gate_up_scales, "
       "Tensor gate_up_row_scale, int gate_up_group, Tensor down_qweight, Tensor down_scales, "
       "Tensor down_row_scale, int down_group, int num_heads, int num_kv_heads, float eps, "
-      "bool tiles=True) -> Tensor");
+      "int tiles=1) -> Tensor");
   m.def(
       "bf16_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "

@@ -713,7 +713,7 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
-                 const Tensor& row_scale, int64_t out_features, int64_t group_size, bool tiles) {
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size, int64_t tiles) {
 #ifdef SPECSERVE_INT4_NO_ISA
   STD_TORCH_CHECK(false, "int4_gemm: built for a CPU without AVX2 / FMA / F16C");
 #else
@@ -744,7 +744,7 @@ Tensor int4_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def(
       "int4_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
-      "int group_size, bool tiles=True) -> Tensor");
+      "int group_size, int tiles=1) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int4_gemm", TORCH_BOX(&int4_gemm)); }

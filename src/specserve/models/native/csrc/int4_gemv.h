@@ -24,10 +24,11 @@ struct PackedWeight {
   // 64-byte block per group) instead of living in `scales`.
   bool inline_constants = false;
   int64_t tile_bytes = 0;  // bytes of one tile in qweight (its blocks times 64)
-  // Whether the weight may run on the AMX tiles (quant_amx.h) when they are switched on: false
-  // for a draft model's weights, whose proposals need no batch invariance and whose one-token
-  // steps are faster on the vdpbf16ps kernels.
-  bool tiles = true;
+  // Whether the weight runs on the AMX tiles (quant_amx.h): kTilesNever; kTilesSwitched (a
+  // target's weights: where SPECSERVE_QUANT_AMX is "1", for every M, so rows stay batch
+  // invariant); kTilesPermitted (a draft model's calls of several rows: wherever the CPU and
+  // OS have the tiles, since proposals need no batch invariance).
+  int64_t tiles = 1;
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8

@@ -874,7 +874,7 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
 Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales,
-                 const Tensor& row_scale, int64_t out_features, int64_t group_size, bool tiles) {
+                 const Tensor& row_scale, int64_t out_features, int64_t group_size, int64_t tiles) {
   STD_TORCH_CHECK(specserve_native::int8_cpu_supported(),
                   "int8_gemm: this CPU (or this build) lacks AVX2 / FMA / F16C");
   STD_TORCH_CHECK(x_in.is_cpu(), "int8_gemm: CPU tensors only");
@@ -902,7 +902,7 @@ Tensor int8_gemm(const Tensor& x_in, const Tensor& qweight, const Tensor& scales
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def(
       "int8_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
-      "int group_size, bool tiles=True) -> Tensor");
+      "int group_size, int tiles=1) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int8_gemm", TORCH_BOX(&int8_gemm)); }

@@ -85,13 +85,15 @@ int64_t amx_grain(int64_t K, int64_t M, int bits) {
   return std::max<int64_t>(1, (int64_t{128} << 10) / (tile_bytes * std::min<int64_t>(M + 1, 16)));
 }
 
-bool quant_amx_on() {
+bool quant_amx_permitted() {
 #ifdef SPECSERVE_QUANT_AMX
-  return switch_set("SPECSERVE_QUANT_AMX") && amx_permitted();
+  return amx_permitted();
 #else
   return false;
 #endif
 }
+
+bool quant_amx_on() { return switch_set("SPECSERVE_QUANT_AMX") && quant_amx_permitted(); }
 
 #ifndef SPECSERVE_QUANT_AMX
 
@@ -104,7 +106,9 @@ void quant_amx_range(const QuantTiles&, int64_t, int64_t) {}
 bool quant_amx_applies(const PackedWeight& w) {
   const bool shape = (w.bits == 4 && w.group_size % 32 == 0 && w.group_size <= 256) ||
                      (w.bits == 6 && w.group_size % 16 == 0 && w.group_size <= 128);
-  return w.tiles && shape && quant_amx_on();
+  if (!shape) return false;
+  if (w.tiles == kTilesPermitted) return quant_amx_permitted();
+  return w.tiles == kTilesSwitched && quant_amx_on();
 }
 
 namespace {
@@ -321,11 +325,17 @@ void quant_amx_range(const QuantTiles& p, int64_t begin, int64_t end) {
 }  // namespace specserve_native
 
 namespace {
-// Whether int4 and six-bit matmuls run on the AMX tiles now (quant_amx_on).
-bool quant_amx_active() { return specserve_native::quant_amx_on(); }
+// Whether int4 and six-bit matmuls of a target's weights run on the AMX tiles now
+// (quant_amx_on); with switched=False, whether the tiles are there at all
+// (quant_amx_permitted: a draft model's calls of several rows take them).
+bool quant_amx_active(bool switched) {
+  return switched ? specserve_native::quant_amx_on() : specserve_native::quant_amx_permitted();
+}
 }  // namespace
 
-STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) { m.def("quant_amx_active() -> bool"); }
+STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
+  m.def("quant_amx_active(bool switched=True) -> bool");
+}
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
   m.impl("quant_amx_active", TORCH_BOX(&quant_amx_active));

@@ -7,15 +7,25 @@
 
 namespace specserve_native {
 
+// PackedWeight::tiles
+constexpr int64_t kTilesNever = 0;
+constexpr int64_t kTilesSwitched = 1;
+constexpr int64_t kTilesPermitted = 2;
+
+// Whether the build has the tile kernels and the OS grants the tile state (the switch aside).
+bool quant_amx_permitted();
+
 // Whether the build has the tile kernels (AMX BF16 and AVX-512 BW, BF16, VBMI, GFNI), the OS
 // grants the tile state and SPECSERVE_QUANT_AMX is "1" (read on every call; off by default).
 bool quant_amx_on();
 
 // Whether a matmul with this weight runs on the AMX tiles now: the build has AMX BF16 (and
 // AVX-512 BW, BF16, VBMI, GFNI), the OS grants the tile state, SPECSERVE_QUANT_AMX is "1"
-// (read on every call), and the weight allows them (PackedWeight::tiles) and is int4 with a group size a multiple of 32 up to 256 (either
-// layout of its constants), or six-bit codes. A choice by weight and switch, never by M: every row of a
-// weight gets the same arithmetic whatever the batch.
+// (read on every call; not for kTilesPermitted), and the weight allows them
+// (PackedWeight::tiles) and is int4 with a group size a multiple of 32 up to 256 (either layout
+// of its constants), or six-bit codes. A choice by weight and switch, never by M: every row of
+// a weight gets the same arithmetic whatever the batch (a caller that passes kTilesPermitted
+// for some calls only, a draft model, gives that up).
 bool quant_amx_applies(const PackedWeight& w);
 
 // One matmul's operands for the tiles. x: bf16 [M, K] row-major; xsum: [M, K / G] as the
