@@ -290,9 +290,13 @@ def test_open_loop_constant_rate_and_duration_bound() -> None:
     recs = result.measured()
     assert len(recs) == 10 and all(r.ok for r in recs)
     assert result.load_check.kind == "rate" and result.load_check.reference == pytest.approx(10)
-    assert result.load_check.achieved == pytest.approx(10, rel=0.05)
     sched = sorted(r.scheduled_ns for r in recs)
     assert (sched[-1] - sched[0]) / 1e9 == pytest.approx(0.9)
+    # the achieved rate is the sends' own (how close they keep to the schedule depends on how
+    # busy the machine is: no bound on it here)
+    sends = sorted(r.send_ns for r in recs)
+    assert all(r.send_ns >= r.scheduled_ns for r in recs)
+    assert result.load_check.achieved == pytest.approx(9 / ((sends[-1] - sends[0]) / 1e9))
 
 
 def test_open_loop_queueing_under_cap() -> None:

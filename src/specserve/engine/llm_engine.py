@@ -14,7 +14,7 @@ A step, in order (docs/design.md, "Engine contracts"):
    strings via the incremental detokenizer); rejected lookahead is rolled back by moving the
    computed-token pointer (``kv_manager.commit``); finished requests free their blocks.
 6. ``draft prefill``: a draft model runs the prompts that completed in this step, so their
-   first propose call catches up one token (``_prefill_drafts``).
+   first propose call catches up one token (``drafting.prefill_drafts``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specserve.config import CacheConfig, SchedulerConfig, SpecConfig
+from specserve.engine import drafting
 from specserve.engine.admission import check_request
 from specserve.engine.detokenizer import IncrementalDetokenizer
 from specserve.engine.model_runner import ForwardRow, ModelRunner
@@ -51,9 +52,7 @@ from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import (
     HiddenStateProposer,
     Proposal,
-    ProposeInput,
     Proposer,
-    draft_cost_sample,
 )
 
 logger = logging.getLogger(__name__)
@@ -226,7 +225,7 @@ class LLMEngine:
                 self.proposer.release(req.request_id)
         outputs: list[RequestOutput] = []
         if sched.scheduled:
-            proposals = self._propose(sched.scheduled, stats)
+            proposals = drafting.propose(self.proposer, sched.scheduled, stats)
             # requests whose prompt (or recomputation after preemption) completes in this step
             prompted = [
                 sr.request for sr in sched.scheduled if sr.samples and not sr.request.is_decoding
@@ -235,8 +234,10 @@ class LLMEngine:
             sampled = self._verify(sched.scheduled, proposals)
             stats.verify_s = time.perf_counter() - t0
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
-            self._prefill_drafts(prompted, stats)
-            self._record_cost(sched.scheduled, proposals, stats)
+            live = [req for req in prompted if req.request_id in self.requests]
+            drafting.prefill_drafts(self.proposer, live, stats)
+            controller = self.k_controller
+            drafting.record_cost(controller, self.proposer, sched.scheduled, proposals, stats)
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.kv_cache_usage = self.kv.pool.usage
@@ -244,73 +245,6 @@ class LLMEngine:
         for listener in self._step_listeners:
             listener(stats)
         return outputs
-
-    def _propose(self, scheduled: list[ScheduledRequest], stats: StepStats) -> list[Proposal]:
-        """Drafts per scheduled request (empty for prefill chunks and k = 0)."""
-        proposals = [Proposal([]) for _ in scheduled]
-        if self.proposer is None:
-            return proposals
-        inputs, where = [], []
-        for i, sr in enumerate(scheduled):
-            if sr.samples and sr.request.is_decoding:
-                stats.k_chosen.append(sr.num_lookahead)
-                if sr.num_lookahead > 0:
-                    req = sr.request
-                    start, hidden = req.take_hidden() if self.hidden_proposer else (0, None)
-                    inputs.append(
-                        ProposeInput(
-                            req.request_id,
-                            list(req.token_ids),
-                            sr.num_lookahead,
-                            req.params,
-                            req.generator,
-                            hidden_states=hidden,
-                            hidden_start=start,
-                        )
-                    )
-                    where.append(i)
-        if inputs:
-            t0 = time.perf_counter()
-            for i, p in zip(where, self.proposer.propose(inputs), strict=True):
-                assert len(p) <= scheduled[i].num_lookahead, "proposer drafted more than k"
-                proposals[i] = p
-            stats.draft_s = time.perf_counter() - t0
-        return proposals
-
-    def _prefill_drafts(self, prompted: list[Request], stats: StepStats) -> None:
-        """Run the prompts that completed in this step through a draft model now, in the step
-        that prefilled them on the target, as vLLM's draft-model proposer does.
-
-        Left for the first propose call, a prompt's draft pass made the request's first
-        decode step the longest of all (0.45 s for a 42-token chat prompt on the gguf 0.5B
-        draft), so it counted in the time per output token, while ``specserve perf``'s loop
-        counted it in the time to the first token. Here it joins the target's prompt work,
-        in the time to the first token, and the first propose call catches up one token. It
-        is draft time (``StepStats.draft_s``), never a cost sample of the k controller (a step
-        with a prompt is not recorded). Proposers without a prompt pass (n-gram, suffix,
-        heads, which read the target's hidden states) skip; so do finished requests."""
-        prefill = getattr(self.proposer, "prefill", None)
-        live = [req for req in prompted if req.request_id in self.requests]
-        if prefill is None or not live:
-            return
-        t0 = time.perf_counter()
-        for req in live:
-            prefill(req.request_id, req.token_ids[: req.num_computed_tokens])
-        stats.draft_s += time.perf_counter() - t0
-
-    def _record_cost(
-        self, scheduled: list[ScheduledRequest], proposals: list[Proposal], stats: StepStats
-    ) -> None:
-        """Feed the k controller the measured costs of a pure decode/verify step (a step with a
-        prefill chunk says nothing about decode cost, so it is not recorded; nor does the
-        draft time of a propose call that caught up a lane left behind by k = 0 steps)."""
-        if self.k_controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
-            return
-        num_draft_steps = max(len(p) for p in proposals)
-        draft_s, draft_steps = draft_cost_sample(self.proposer, stats.draft_s, num_draft_steps)
-        self.k_controller.record_cost(
-            draft_s, draft_steps, stats.verify_s, num_draft_steps + 1, batch_size=len(scheduled)
-        )
 
     def _verify(
         self, scheduled: list[ScheduledRequest], proposals: list[Proposal]

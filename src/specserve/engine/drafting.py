@@ -1,0 +1,95 @@
+"""The proposer's and the k controller's parts of an engine step (``llm_engine.py``): drafts
+for the decoding requests, a draft model's pass over the prompts completed in the step, and
+the step's measured costs for the controller."""
+
+from __future__ import annotations
+
+import time
+
+from specserve.engine.outputs import StepStats
+from specserve.engine.request import Request
+from specserve.engine.scheduler import ScheduledRequest
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.proposer import (
+    HiddenStateProposer,
+    Proposal,
+    ProposeInput,
+    Proposer,
+    draft_cost_sample,
+)
+
+
+def propose(
+    proposer: Proposer | None, scheduled: list[ScheduledRequest], stats: StepStats
+) -> list[Proposal]:
+    """Drafts per scheduled request (empty for prefill chunks and k = 0); records each
+    decoding request's k and the propose call's time in ``stats``."""
+    proposals = [Proposal([]) for _ in scheduled]
+    if proposer is None:
+        return proposals
+    hidden_proposer = isinstance(proposer, HiddenStateProposer)
+    inputs, where = [], []
+    for i, sr in enumerate(scheduled):
+        if sr.samples and sr.request.is_decoding:
+            stats.k_chosen.append(sr.num_lookahead)
+            if sr.num_lookahead > 0:
+                req = sr.request
+                start, hidden = req.take_hidden() if hidden_proposer else (0, None)
+                inputs.append(
+                    ProposeInput(
+                        req.request_id,
+                        list(req.token_ids),
+                        sr.num_lookahead,
+                        req.params,
+                        req.generator,
+                        hidden_states=hidden,
+                        hidden_start=start,
+                    )
+                )
+                where.append(i)
+    if inputs:
+        t0 = time.perf_counter()
+        for i, p in zip(where, proposer.propose(inputs), strict=True):
+            assert len(p) <= scheduled[i].num_lookahead, "proposer drafted more than k"
+            proposals[i] = p
+        stats.draft_s = time.perf_counter() - t0
+    return proposals
+
+
+def prefill_drafts(proposer: Proposer | None, prompted: list[Request], stats: StepStats) -> None:
+    """Run the prompts of ``prompted`` (completed in this step, still running) through a
+    draft model now, in the step that prefilled them on the target, as vLLM's draft-model
+    proposer does; the next propose call then catches up one token.
+
+    Left to the first propose call, this pass made a request's first decode step its longest
+    (0.45 s for a 42-token chat prompt on the gguf 0.5B draft) and counted in the time per
+    output token; here it counts in the time to the first token, as in ``specserve perf``'s
+    loop. It is draft time (``StepStats.draft_s``), never a cost sample of the k controller
+    (a step with a prompt is not recorded). Proposers without a prompt pass (n-gram, suffix,
+    heads) skip it."""
+    prefill = getattr(proposer, "prefill", None)
+    if prefill is None or not prompted:
+        return
+    t0 = time.perf_counter()
+    for req in prompted:
+        prefill(req.request_id, req.token_ids[: req.num_computed_tokens])
+    stats.draft_s += time.perf_counter() - t0
+
+
+def record_cost(
+    controller: KController | None,
+    proposer: Proposer | None,
+    scheduled: list[ScheduledRequest],
+    proposals: list[Proposal],
+    stats: StepStats,
+) -> None:
+    """Feed the k controller the measured costs of a pure decode/verify step (a step with a
+    prefill chunk says nothing about decode cost, so it is not recorded; nor does the draft
+    time of a propose call that caught up a lane left behind by k = 0 steps)."""
+    if controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
+        return
+    num_draft_steps = max(len(p) for p in proposals)
+    draft_s, draft_steps = draft_cost_sample(proposer, stats.draft_s, num_draft_steps)
+    controller.record_cost(
+        draft_s, draft_steps, stats.verify_s, num_draft_steps + 1, batch_size=len(scheduled)
+    )
