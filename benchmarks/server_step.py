@@ -135,8 +135,7 @@ class Loop:
             )
             assert proposer is not None and controller is not None
             r = generate_speculative(self.target, proposer, ids, params, self.eos, controller)
-        forwards = r.num_target_forwards or max(len(r.token_ids) - 1, 0)
-        return Side(forwards, r.decode_s, len(r.token_ids), r.decode_s)
+        return Side(r.num_target_forwards, r.decode_s, len(r.token_ids), r.decode_s)
 
 
 def _step_totals(base_url: str) -> tuple[float, float]:

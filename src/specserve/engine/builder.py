@@ -156,9 +156,9 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         if config.spec.draft_num_layers is not None:
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
         if draft is not target.model:
-            # proposals need no batch invariance: when the AMX tiles are on
-            # (SPECSERVE_QUANT_AMX=1) the draft's one-token steps stay on the faster vdpbf16ps
-            # kernels, its prompt chunks and catch-ups take the tiles
+            # proposals need no batch invariance: wherever the CPU has the AMX tiles, switch
+            # or not, the draft's prompt chunks and catch-ups take them and its one-token
+            # steps stay on the faster vdpbf16ps kernels
             fused_layer.allow_tiles(draft, True, from_rows=fused_layer.DRAFT_TILE_ROWS)
     head, head_name = None, ""
     if config.spec.uses_head and config.spec.enabled:

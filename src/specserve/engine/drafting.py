@@ -10,24 +10,22 @@ from specserve.engine.outputs import StepStats
 from specserve.engine.request import Request
 from specserve.engine.scheduler import ScheduledRequest
 from specserve.spec_decode.k_controller import KController
-from specserve.spec_decode.proposer import (
-    HiddenStateProposer,
-    Proposal,
-    ProposeInput,
-    Proposer,
-    draft_cost_sample,
-)
+from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer, draft_cost_sample
 
 
 def propose(
-    proposer: Proposer | None, scheduled: list[ScheduledRequest], stats: StepStats
+    proposer: Proposer | None,
+    scheduled: list[ScheduledRequest],
+    stats: StepStats,
+    hidden_proposer: bool,
 ) -> list[Proposal]:
     """Drafts per scheduled request (empty for prefill chunks and k = 0); records each
-    decoding request's k and the propose call's time in ``stats``."""
+    decoding request's k and the propose call's time in ``stats``. ``hidden_proposer``: the
+    proposer drafts from the target's hidden states (a ``HiddenStateProposer``, which the
+    engine decides once), so each input carries the rows it has not seen."""
     proposals = [Proposal([]) for _ in scheduled]
     if proposer is None:
         return proposals
-    hidden_proposer = isinstance(proposer, HiddenStateProposer)
     inputs, where = [], []
     for i, sr in enumerate(scheduled):
         if sr.samples and sr.request.is_decoding:

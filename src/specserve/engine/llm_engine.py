@@ -225,7 +225,9 @@ class LLMEngine:
                 self.proposer.release(req.request_id)
         outputs: list[RequestOutput] = []
         if sched.scheduled:
-            proposals = drafting.propose(self.proposer, sched.scheduled, stats)
+            proposals = drafting.propose(
+                self.proposer, sched.scheduled, stats, self.hidden_proposer
+            )
             # requests whose prompt (or recomputation after preemption) completes in this step
             prompted = [
                 sr.request for sr in sched.scheduled if sr.samples and not sr.request.is_decoding
@@ -236,8 +238,9 @@ class LLMEngine:
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
             live = [req for req in prompted if req.request_id in self.requests]
             drafting.prefill_drafts(self.proposer, live, stats)
-            controller = self.k_controller
-            drafting.record_cost(controller, self.proposer, sched.scheduled, proposals, stats)
+            drafting.record_cost(
+                self.k_controller, self.proposer, sched.scheduled, proposals, stats
+            )
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.kv_cache_usage = self.kv.pool.usage
