@@ -8,8 +8,9 @@ M = 1, 2, 5, 8 and 16 rows, and the weight bytes each call reads (packed codes +
 per second. Each timing rotates over enough weight copies (~100 MB) that reads come from
 memory, not from the last-level cache, as in real decoding; best of 3.
 
-``--part step`` times one forward of the gguf 1.5B (its Q6_K/Q5_0/Q8_0 tensors run on this
-kernel, its Q4_K ones on the int4 kernel) over T = 1 .. 9 new tokens at a 200-token
+``--part step`` times one forward of the gguf 1.5B (``--model``: another gguf model, e.g. the
+0.5B draft; its Q6_K/Q5_0/Q8_0 tensors run on this kernel, its Q4_K ones on the int4 kernel)
+over T = 1 .. 9 new tokens (``--max-new``) at a 200-token
 context, logits included (a decode step and the verify steps of k = 1 .. 8 drafts), with
 the int8 kernel's 16-lane (AVX-512F) and 8-lane (AVX2) variants alternating
 (``SPECSERVE_INT8_AVX512``), with ``--switch sweep`` the two ways the int4 and int8 kernels
@@ -28,6 +29,8 @@ differently, so it prints the largest logit difference instead.
     python benchmarks/int8_group_kernel.py --part step --rounds 9
     python benchmarks/int8_group_kernel.py --part step --switch sweep --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch layout --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 5 \
+        --model qwen2.5-coder-0.5b-instruct --max-new 16
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
@@ -221,7 +224,7 @@ def _layout_setter(model: torch.nn.Module, switch: str) -> Callable[[str], None]
     return put
 
 
-def part_step(rounds: int, switch: str) -> None:
+def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
     import os
     import statistics
 
@@ -229,12 +232,14 @@ def part_step(rounds: int, switch: str) -> None:
     from specserve.loading.quant_cache import load_in_format
 
     env, on_label, off_label = SWITCHES[switch]
-    model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
+    model = load_in_format(model_name, "gguf", torch.bfloat16).model
     packing = env in ("layout", "codes")
     put = _layout_setter(model, env) if packing else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
     new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640]
-    cache = SingleSequenceCache(model, 256)
+    new += [(97 * i + 3) % 3000 + 30 for i in range(max_new - len(new))]
+    new = new[:max_new]
+    cache = SingleSequenceCache(model, len(context) + len(new))
     cache.forward(context)
 
     def step(setting: str, t: int) -> tuple[float, torch.Tensor]:
@@ -269,7 +274,8 @@ def part_step(rounds: int, switch: str) -> None:
     print("|---|" + "---|" * (len(sizes) + 1))
     for setting, label in (("1", on_label), ("0", off_label)):
         cells = " | ".join(f"{med[(setting, t)]:.1f}" for t in sizes)
-        print(f"| {label} | {cells} | {med[(setting, 5)] / med[(setting, 1)]:.2f} |")
+        five = med[(setting, 5)] / med[(setting, 1)] if max_new >= 5 else float("nan")
+        print(f"| {label} | {cells} | {five:.2f} |")
     print(
         f"{off_label} / {on_label}, median of the rounds' ratios, at T = "
         + ", ".join(f"{t}: {ratio[t]:.2f}" for t in sizes)
@@ -394,6 +400,12 @@ def main() -> int:
         "and int8 kernels prefetch, where their packed weights keep the group constants, or "
         "the int8 kernel's six-bit or byte codes)",
     )
+    ap.add_argument(
+        "--model", default="qwen2.5-coder-1.5b-instruct", help="--part step: the gguf model"
+    )
+    ap.add_argument(
+        "--max-new", type=int, default=9, help="--part step: T = 1 .. this many new tokens"
+    )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per timing round")
@@ -407,7 +419,9 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.part == "step":
-        part_step(args.rounds, args.switch)
+        if args.max_new < 1:
+            ap.error(f"--max-new must be >= 1, got {args.max_new}")
+        part_step(args.rounds, args.switch, args.model, args.max_new)
         return 0
     if args.part == "accuracy":
         part_accuracy(max(args.rows))

@@ -55,8 +55,9 @@ logger = logging.getLogger(__name__)
 _MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
 # Input rows from which a draft model's quantised matmuls take the AMX tiles (wherever the CPU
-# has them): on the gguf 0.5B a forward of 3 rows ran at 0.96x of vdpbf16ps on them, of 4 at 1.08x,
-# of a 16-row prompt chunk at 2.1x (docs/benchmarks.md).
+# has them): on the gguf 0.5B a forward of 3 rows ran at 1.02x of vdpbf16ps on them, of 4 at
+# 1.09x, of a 16-row prompt chunk at 1.77x (docs/benchmarks.md, benchmarks/int8_group_kernel.py
+# --part step --switch amx --model qwen2.5-coder-0.5b-instruct --max-new 16).
 DRAFT_TILE_ROWS = 4
 _ENV_SWITCH = "SPECSERVE_FUSED_LAYER"
 
