@@ -16,11 +16,16 @@ runs the eager layers instead of one native op per layer (models/native/fused_la
 the two models' steps alternating so that both see the same machine; medians of 60 each.
 Then the read-bandwidth sum of ``specserve perf`` over 1 GiB in either kind of page.
 
+``--part draft`` (AVX2 builds): a draft model's one-row int4 calls with x exact and with x
+rounded to int8 per group (``fused_layer.set_draft``), alternating: per matmul of the 0.5B's
+shapes, per one-token step of ``--model``, and how often the two give the same greedy token.
+
     python benchmarks/int4_kernel.py --part matmul
     python benchmarks/int4_kernel.py --part step
     SPECSERVE_INT4_NATIVE=0 python benchmarks/int4_kernel.py --part step
     SPECSERVE_FUSED_LAYER=0 python benchmarks/int4_kernel.py --part step
     python benchmarks/int4_kernel.py --part thp
+    python benchmarks/int4_kernel.py --part draft --model qwen2.5-coder-0.5b-instruct
 
 Run it alone on the machine: it measures memory bandwidth.
 """
@@ -180,6 +185,74 @@ def thp_part(model_name: str) -> None:
         print(f"1 GiB fp32 sum in {name}: {n * 4 / t / 1e9:.1f} GB/s")
 
 
+DRAFT_SHAPES = [(896, 1152), (896, 896), (896, 9728), (4864, 896), (896, 151936)]  # the 0.5B
+
+
+def draft_part(model_name: str, rounds: int) -> None:
+    """A draft model's one-row int4 calls with x exact and with x rounded to int8
+    (``QUANTISED_X``), alternating: per matmul of the 0.5B's shapes (weights from memory,
+    best of 3), then per whole one-token step of ``model_name`` marked as a draft
+    (``fused_layer.set_draft``, ``SPECSERVE_DRAFT_INT8_X`` on and off; medians), and how often
+    the two steps' greedy tokens agree over the context's positions."""
+    import os
+
+    from specserve.models.native import fused_layer, int4_native
+    from specserve.models.native.tile_stream import QUANTISED_X, TILES_NEVER
+
+    if not int4_native.quantised_x():
+        raise SystemExit("the int4 kernel built here has no quantised-x path (not AVX2)")
+    torch.manual_seed(0)
+    print("| K x N | exact us | x in int8 us | exact / int8 | int8 GB/s |")
+    print("|---|---|---|---|---|")
+    op = torch.ops.specserve.int4_gemm
+    for k, n in DRAFT_SHAPES:
+        copies = [
+            int4_native.pack(_random_weight(n, k))
+            for _ in range(max(1, int(100e6 // (k * n // 2))))
+        ]
+        x = torch.randn(1, k, dtype=torch.bfloat16)
+        best = {TILES_NEVER: float("inf"), QUANTISED_X: float("inf")}
+        for _ in range(3):
+            for mode in best:
+                call = lambda p, mode=mode, x=x: op(x, *p.op_args(1)[:-1], mode)  # noqa: E731
+                best[mode] = min(best[mode], _seconds_per_call(call, copies, 0.15))
+        exact, int8 = best[TILES_NEVER], best[QUANTISED_X]
+        print(f"| {k} x {n} | {exact * 1e6:.0f} | {int8 * 1e6:.0f} | {exact / int8:.2f} | "
+              f"{copies[0].nbytes() / int8 / 1e9:.1f} |", flush=True)  # fmt: skip
+    from specserve.loading.quant_cache import load_in_format
+
+    model = load_in_format(model_name, "int4", torch.bfloat16).model
+    cache = _cache_at_200(model)
+    base = cache.num_tokens
+
+    def use(on: bool) -> None:
+        os.environ["SPECSERVE_DRAFT_INT8_X"] = "1" if on else "0"
+        fused_layer.set_draft(model)
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for on in (True, False):
+            use(on)
+            t0 = time.perf_counter()
+            model.compute_logits(cache.forward([5]))
+            times[on].append(time.perf_counter() - t0)
+            cache.truncate(base)
+    agree = 0
+    contexts = range(40, base)
+    for n in contexts:  # the greedy token after each prefix, both ways
+        picks = []
+        for on in (True, False):
+            use(on)
+            cache.truncate(n - 1)
+            picks.append(int(model.compute_logits(cache.forward([100 + n - 1])).argmax()))
+        agree += picks[0] == picks[1]
+    use(True)
+    t_on, t_off = (statistics.median(times[v]) * 1e3 for v in (True, False))
+    print(f"{model_name} one-token step: x in int8 {t_on:.1f} ms, exact {t_off:.1f} ms, "
+          f"exact / int8 {t_off / t_on:.2f}x ({rounds} rounds, medians); greedy token the same "
+          f"at {agree}/{len(contexts)} positions; {fused_layer.describe(model)}")  # fmt: skip
+
+
 def _count_ops(step: Callable[[], object]) -> int:
     """Operator calls that reach the dispatcher in ``step`` (each costs a few µs in eager)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -198,13 +271,16 @@ def _count_ops(step: Callable[[], object]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--part", choices=["matmul", "step", "thp"], required=True)
+    ap.add_argument("--part", choices=["matmul", "step", "thp", "draft"], required=True)
     ap.add_argument(
-        "--model", default="qwen2.5-coder-1.5b-instruct", help="for --part step and thp"
+        "--model", default="qwen2.5-coder-1.5b-instruct", help="for --part step, thp and draft"
     )
+    ap.add_argument("--rounds", type=int, default=30, help="alternations of --part draft")
     args = ap.parse_args()
     if args.part == "matmul":
         matmul_part()
+    elif args.part == "draft":
+        draft_part(args.model, args.rounds)
     elif args.part == "thp":
         thp_part(args.model)
     else:

@@ -156,10 +156,11 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         if config.spec.draft_num_layers is not None:
             draft = keep_first_layers(draft, config.spec.draft_num_layers)
         if draft is not target.model:
-            # proposals need no batch invariance: wherever the CPU has the AMX tiles, switch
-            # or not, the draft's prompt chunks and catch-ups take them and its one-token
-            # steps stay on the faster vdpbf16ps kernels
-            fused_layer.allow_tiles(draft, True, from_rows=fused_layer.DRAFT_TILE_ROWS)
+            # proposals need neither batch invariance nor exact sums: wherever the CPU has
+            # the AMX tiles, switch or not, the draft's prompt chunks and catch-ups take them
+            # (its one-token steps stay on the faster vdpbf16ps kernels), and on AVX2 its
+            # one-token int4 matmuls round x to int8
+            fused_layer.set_draft(draft)
     head, head_name = None, ""
     if config.spec.uses_head and config.spec.enabled:
         assert config.spec.draft_model is not None

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
         # as the engine builder does
-        fused_layer.allow_tiles(draft.model, True, from_rows=fused_layer.DRAFT_TILE_ROWS)
+        fused_layer.set_draft(draft.model)
         if not prompts:
             prompts = [
                 target.tokenizer.encode_chat([{"role": "user", "content": p.text}]) for p in chosen

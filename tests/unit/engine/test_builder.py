@@ -108,7 +108,8 @@ def test_the_draft_takes_the_amx_tiles_only_for_several_rows_and_the_output_stay
     """With the tiles on (``SPECSERVE_QUANT_AMX=1``, where the CPU has them) the target's
     packed weights use them for every call and the draft's only for calls of
     ``DRAFT_TILE_ROWS`` rows or more (prompt chunks, catch-ups): speculative greedy output
-    equals plain greedy output, both on the same target kernels."""
+    equals plain greedy output, both on the same target kernels. The draft's one-row int4
+    calls round x to int8 where the kernel has that path (``fused_layer.set_draft``)."""
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
     prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
     model = ModelConfig(model="smollm2-135m-instruct", dtype="bfloat16", weights="int4")
@@ -125,6 +126,8 @@ def test_the_draft_takes_the_amx_tiles_only_for_several_rows_and_the_output_stay
         return
     rows = fused_layer.DRAFT_TILE_ROWS
     assert (draft_down.native.tiles_from_rows, target_down.native.tiles_from_rows) == (rows, 1)
+    # the draft's one-row calls may round x to int8 (on AVX2), never the target's
+    assert draft_down.native.quantised_x and not target_down.native.quantised_x
     draft_layer = proposer.model.get_submodule("model.layers.0")
     target_layer = engine.model.get_submodule("model.layers.0")  # type: ignore[attr-defined]
     assert isinstance(draft_layer, DecoderLayer) and isinstance(target_layer, DecoderLayer)

@@ -46,7 +46,11 @@ from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLayer, DecoderLM
 from specserve.models.native import bf16_native, int4_native, int8_native
 from specserve.models.native.env_switch import switched_off
-from specserve.models.native.tile_stream import TILES_NEVER, TILES_PERMITTED, TILES_SWITCHED
+from specserve.models.native.tile_stream import (
+    QUANTISED_X,
+    TILES_PERMITTED,
+    TILES_SWITCHED,
+)
 from specserve.models.quant.int8_group import Int8GroupLinear
 from specserve.models.quant.layers import Int4Linear
 
@@ -70,8 +74,10 @@ class LayerWeights:
     layer_idx: int
     op: str
     args: tuple[object, ...]
-    # int4_decoder_layer: forwards of fewer rows pass TILES_NEVER (its last argument)
+    # int4_decoder_layer: forwards of fewer rows pass short_mode as its last argument (the
+    # tiles never; QUANTISED_X kept)
     tiles_from_rows: int = 1
+    short_mode: int = 0
 
 
 def _layers(model: DecoderLM) -> list[DecoderLayer]:
@@ -135,11 +141,14 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         attn.num_heads,
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
-        # allow_tiles sets it for every projection of a model alike; run_layers passes
-        # TILES_NEVER instead for forwards of fewer than tiles_from_rows rows
+        # allow_tiles and set_draft set it for every projection of a model alike; run_layers
+        # passes short_mode instead for forwards of fewer than tiles_from_rows rows
         qkv.native.tile_mode(qkv.native.tiles_from_rows),
     )
-    return LayerWeights(attn.layer_idx, "int4_decoder_layer", args, qkv.native.tiles_from_rows)
+    native = qkv.native
+    return LayerWeights(
+        attn.layer_idx, "int4_decoder_layer", args, native.tiles_from_rows, native.tile_mode(1)
+    )
 
 
 def _dense(linear: object, what: str) -> torch.nn.Linear:
@@ -236,12 +245,15 @@ def describe(model: DecoderLM) -> str:
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.kernel()}"
-        mode = fused.args[-1]
-        if mode == TILES_SWITCHED and int4_native.amx_tiles():
-            return f"native {fused.op} on AMX tiles"
-        if mode == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
-            return f"native {fused.op} on AMX tiles from {fused.tiles_from_rows} rows"
-        return f"native {fused.op}"
+        mode = cast("int", fused.args[-1])
+        x8 = ""
+        if fused.short_mode & QUANTISED_X and int4_native.quantised_x():
+            x8 = ", x in int8 for one-row int4 matmuls"
+        if mode & ~QUANTISED_X == TILES_SWITCHED and int4_native.amx_tiles():
+            return f"native {fused.op} on AMX tiles{x8}"
+        if mode & ~QUANTISED_X == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
+            return f"native {fused.op} on AMX tiles from {fused.tiles_from_rows} rows{x8}"
+        return f"native {fused.op}{x8}"
     return f"eager ({why_not(model) or 'not enabled'})"
 
 
@@ -287,6 +299,24 @@ def allow_tiles(model: torch.nn.Module, allowed: bool, from_rows: int = 1) -> No
         enable(model)
 
 
+def set_draft(model: torch.nn.Module) -> None:
+    """Mark ``model``'s quantised weights as a draft model's, whose proposals the target
+    checks: its matmuls take the AMX tiles in calls of :data:`DRAFT_TILE_ROWS` rows or more
+    wherever the CPU has them (:func:`allow_tiles`), and its one-row int4 calls round x to int8
+    where the kernel has that cheaper path (``int4_native.quantised_x``; on AVX2 one row of
+    the 0.5B's projections and LM head costs 1.1-1.8x less, docs/benchmarks.md). Neither
+    changes what the target commits, only which tokens are proposed. ``SPECSERVE_DRAFT_INT8_X=0``
+    (read here) keeps x exact."""
+    allow_tiles(model, True, from_rows=DRAFT_TILE_ROWS)
+    quantised = not switched_off("SPECSERVE_DRAFT_INT8_X")
+    for module in model.modules():
+        packed = getattr(module, "native", None)
+        if isinstance(module, _QUANT_LINEARS) and packed is not None:
+            packed.quantised_x = quantised
+    if isinstance(model, DecoderLM) and model.layer_runner is run_layers:
+        enable(model)
+
+
 def disable(model: DecoderLM) -> None:
     """Back to the eager path for every forward of ``model``."""
     model.layer_runner = None
@@ -322,7 +352,7 @@ def run_layers(
             captured.append(rows.view(b, t, h))
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
-        args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], TILES_NEVER)
+        args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], w.short_mode)
         rows = getattr(torch.ops.specserve, w.op)(
             rows,
             positions,

@@ -114,6 +114,8 @@ class Int4Packed(tile_stream.PackedTiles):
     # draft model's (fused_layer.allow_tiles).
     tiles: bool = field(default=True, init=False)
     tiles_from_rows: int = field(default=1, init=False)
+    # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
+    quantised_x: bool = field(default=False, init=False)
 
 
 def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -259,6 +261,16 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True or was never asked)."""
     return _kernel.unavailable_reason()
+
+
+def quantised_x() -> bool:
+    """Whether one-row int4 matmuls of a weight with ``quantised_x`` (a draft model's,
+    ``fused_layer.set_draft``) round x to int8 per group and multiply integer codes
+    (``csrc/int4_gemv.cpp``: the AVX2 variant, where decoding the codes to fp32 costs more than
+    reading them). The outputs differ from the exact kernel's by about 0.6 %, which moves a
+    draft's proposals, never the target's tokens. False where the kernel is not available or
+    has no such path (AVX-512 BF16 reads x as it is)."""
+    return available() and bool(torch.ops.specserve.int4_quantised_x())
 
 
 def amx_tiles(switched: bool = True) -> bool:

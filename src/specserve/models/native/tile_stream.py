@@ -114,8 +114,11 @@ def constants(qweight: torch.Tensor, group_size: int, block_k: int) -> torch.Ten
 
 # The matmul ops' ``tiles`` argument (``PackedWeight::tiles`` in csrc/int4_gemv.h): never on
 # the AMX tiles; on them where SPECSERVE_QUANT_AMX=1 (a target's weights, every call); on them
-# wherever the CPU and OS have them (a draft model's calls of several rows).
+# wherever the CPU and OS have them (a draft model's calls of several rows) ...
 TILES_NEVER, TILES_SWITCHED, TILES_PERMITTED = 0, 1, 2
+# ... plus whether a one-row call may quantise x to int8 (a draft model's weights; the AVX2
+# int4 kernel's cheaper path, ``int4_native.quantised_x``; the other kernels ignore it).
+QUANTISED_X = 4
 
 
 class PackedTiles:
@@ -130,7 +133,9 @@ class PackedTiles:
     ``SPECSERVE_QUANT_AMX=1``: its rows stay batch invariant, and the switch is the user's
     opt-in to slower one-token steps. One with more (a draft model's) takes them in its calls
     of that many rows or more wherever the CPU has them, where they are faster: it chooses
-    per call, so its rows are not batch invariant, which proposals need not be."""
+    per call, so its rows are not batch invariant, which proposals need not be. For the same
+    reason a draft's weight may have ``quantised_x``: its one-row calls round x to int8 where
+    the kernel has such a path (``int4_native.quantised_x``)."""
 
     BLOCK_K: ClassVar[int]
     CODE_DTYPE: ClassVar[torch.dtype]
@@ -143,12 +148,14 @@ class PackedTiles:
     inline_constants: bool
     tiles: bool
     tiles_from_rows: int
+    quantised_x: bool
 
     def tile_mode(self, rows: int) -> int:
         """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
+        x8 = QUANTISED_X if self.quantised_x else 0
         if not self.tiles or rows < self.tiles_from_rows:
-            return TILES_NEVER
-        return TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED
+            return TILES_NEVER | x8
+        return (TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED) | x8
 
     def op_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
         """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x # [rows, K]``."""

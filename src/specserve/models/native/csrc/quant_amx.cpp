@@ -107,8 +107,9 @@ bool quant_amx_applies(const PackedWeight& w) {
   const bool shape = (w.bits == 4 && w.group_size % 32 == 0 && w.group_size <= 256) ||
                      (w.bits == 6 && w.group_size % 16 == 0 && w.group_size <= 128);
   if (!shape) return false;
-  if (w.tiles == kTilesPermitted) return quant_amx_permitted();
-  return w.tiles == kTilesSwitched && quant_amx_on();
+  const int64_t mode = w.tiles & kTilesMask;
+  if (mode == kTilesPermitted) return quant_amx_permitted();
+  return mode == kTilesSwitched && quant_amx_on();
 }
 
 namespace {

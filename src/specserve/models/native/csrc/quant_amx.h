@@ -7,10 +7,14 @@
 
 namespace specserve_native {
 
-// PackedWeight::tiles
+// PackedWeight::tiles: the AMX tiles (the low two bits) ...
 constexpr int64_t kTilesNever = 0;
 constexpr int64_t kTilesSwitched = 1;
 constexpr int64_t kTilesPermitted = 2;
+constexpr int64_t kTilesMask = 3;
+// ... and whether a one-row call may quantise x to 8 bits (a draft model's weights: the AVX2
+// int4 kernel's cheaper one-row path, int4_gemv.cpp; ignored by the other kernels).
+constexpr int64_t kQuantisedX = 4;
 
 // Whether the build has the tile kernels and the OS grants the tile state (the switch aside).
 bool quant_amx_permitted();
