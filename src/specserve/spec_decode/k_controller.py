@@ -66,6 +66,16 @@ CPU, where each extra verify token costs 10-20 %, made a 9-token verify look alm
 fresh controller's first drafts then paid 2-3 plain steps each on a text whose drafts were
 rejected. The cap reaches k = 8 within three drafting steps when drafts are accepted.
 
+A drafting request reaches further now and then: every ``probe_interval`` steps with k > 0 it
+asks once for 2k + 1 drafts (a step twice the size of its choice, within the explored k: a
+reach probe), so the step sizes above its choice get timed again. Sizes are costed from
+their own timings, which a step of that size alone refreshes, and beyond the largest timed
+size along the slope of the two largest: one step timed slow by a busy machine, or a draft
+that stopped early while the estimates were young, otherwise kept a larger k looking dear
+and never timed, and the request went on drafting 1-3 tokens a step where 6 are accepted
+(``test_a_reach_probe_frees_k_from_a_stale_slow_timing``; a lock of that kind was seen in
+two of six speculative arms on the AVX2 host, docs/benchmarks.md).
+
 Plain decoding is the yardstick, so its cost is measured before anything is compared with
 it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
 step, which costs nothing against plain decoding). Without that, a controller that drafted
@@ -94,6 +104,7 @@ class _RequestState:
     continuation: PrefixCounts = field(default_factory=PrefixCounts)  # c_j at index j - 1
     confidence: ConfidenceCounts = field(default_factory=ConfidenceCounts)
     plain_steps: int = 0  # consecutive steps with k = 0
+    drafting_steps: int = 0  # steps with k > 0 since the last reach probe
     probe_backoff: int = 1  # the probe interval's current factor
     probing: bool = False  # the last k chosen was a probe
     judge_probe: bool = False  # a probe was observed: the next choice sets the backoff
@@ -358,6 +369,11 @@ class KController:
             state.probe_backoff = 1 if k > 0 else grown
         if k > 0:
             state.plain_steps = 0
+            state.drafting_steps += 1
+            reach = min(2 * k + 1, self.explored_k(batch_size))  # twice the step size
+            if state.drafting_steps >= self.probe_interval and k < reach:
+                state.drafting_steps = 0
+                return reach
             return k
         state.plain_steps += 1
         interval = self.probe_interval * state.probe_backoff

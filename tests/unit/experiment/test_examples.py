@@ -171,3 +171,19 @@ def test_quant_amx_example_serves_one_gguf_command_with_and_without_tiles() -> N
     assert "--weights gguf" in base and "--draft-weights gguf" in base
     assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
     assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
+
+
+def test_draft_int8_x_example_serves_one_command_with_and_without_int8_x() -> None:
+    # docs/benchmarks.md, "A draft's one-token int4 matmuls on int8 x": endpoints mode with the
+    # main job's benchmark settings; the two serve commands of its header are the main job's
+    # speculative server, the baseline's with x kept exact, each on its arm's port.
+    cfg, header = _two_server_example("draft-int8-x-ab.yaml")
+    base, new = header.split("specserve serve ")[1:3]
+    assert "SPECSERVE_DRAFT_INT8_X=0 specserve serve" in header
+    assert base.split("--port")[0] == new.split("--port")[0]
+    servers = load_config(None).servers
+    assert servers is not None
+    assert f"--draft-model {servers.draft}" in base
+    assert f"--draft-weights {servers.draft_weights}" in base
+    assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
+    assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url

@@ -358,3 +358,24 @@ def test_confidence_counts_classify_tokens_from_draft_lengths() -> None:
     assert counts.seen == {True: 4.0, False: 1.0} and counts.accepted == {True: 3.0, False: 0.0}
     assert counts.confident_rate(0.5, 0.0) == pytest.approx(5 / 6)
     assert counts.acceptance(False, 0.4, 1.0) == pytest.approx(0.4 / 2)
+
+
+def test_a_reach_probe_frees_k_from_a_stale_slow_timing() -> None:
+    """A draft that stops after 2 tokens while the estimates are young, and one 3-token
+    verify timed 40 % slow (a busy machine), leave sizes above 3 untimed and the slope of the
+    two largest timed ones steep: k settles at 1, and without another look never leaves it,
+    since only a 3-token step would time that size again. Once the drafts run to full length,
+    the next reach probe asks for 2k + 1 = 3 drafts, its step times 4 tokens, and k climbs to
+    the largest."""
+    costs = {1: 0.177, 2: 0.230, 3: 0.262 * 1.4, 4: 0.290, 5: 0.300, 6: 0.320, 7: 0.335,
+             8: 0.345, 9: 0.351}  # fmt: skip  # seconds per verify size, AVX2-like
+    c = KController(k_max=8, confidence_stop=True, probe_interval=16)
+    ks = []
+    for step in range(60):
+        k = c.choose_k("r")
+        drafted = min(k, 2) if step < 5 else k  # early drafts stop after 2 tokens
+        c.record_cost(0.02 * drafted, k, costs[drafted + 1], drafted + 1)
+        c.observe("r", drafted, drafted, k)
+        ks.append(k)
+    assert ks[4:16] == [1] * 12  # stuck: sizes above 3 untimed, k = 1 looks best
+    assert max(ks[16:]) == 8 and ks[-1] >= 5
