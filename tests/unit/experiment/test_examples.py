@@ -144,13 +144,24 @@ def test_code_ab_example_serves_the_same_command_from_two_checkouts() -> None:
     assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
 
 
-def test_amx_example_serves_the_main_jobs_speculative_server_with_and_without_tiles() -> None:
-    # docs/benchmarks.md, "AMX tiles": endpoints mode with the main job's benchmark settings;
-    # the two serve commands of its header are the main job's speculative server, the
-    # baseline's with the tiles switched off, each on its arm's port.
-    cfg, header = _two_server_example("amx-server-ab.yaml")
+@pytest.mark.parametrize(
+    "name, switch",
+    [
+        # docs/benchmarks.md, "AMX tiles": the baseline with the tiles switched off
+        ("amx-server-ab.yaml", "SPECSERVE_BF16_AMX=0"),
+        # docs/benchmarks.md, "A draft's one-token int4 matmuls on int8 x": x kept exact
+        ("draft-int8-x-ab.yaml", "SPECSERVE_DRAFT_INT8_X=0"),
+    ],
+)
+def test_switch_example_serves_the_main_jobs_speculative_server_on_and_off(
+    name: str, switch: str
+) -> None:
+    # Endpoints mode with the main job's benchmark settings; the two serve commands of the
+    # header are the main job's speculative server, the baseline's with one switch set, each
+    # on its arm's port.
+    cfg, header = _two_server_example(name)
     base, new = header.split("specserve serve ")[1:3]
-    assert "SPECSERVE_BF16_AMX=0 specserve serve" in header
+    assert f"{switch} specserve serve" in header
     assert base.split("--port")[0] == new.split("--port")[0]
     servers = load_config(None).servers
     assert servers is not None
@@ -169,21 +180,5 @@ def test_quant_amx_example_serves_one_gguf_command_with_and_without_tiles() -> N
     assert "SPECSERVE_QUANT_AMX=1 specserve serve" in header
     assert base.split("--port")[0] == new.split("--port")[0]
     assert "--weights gguf" in base and "--draft-weights gguf" in base
-    assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
-    assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
-
-
-def test_draft_int8_x_example_serves_one_command_with_and_without_int8_x() -> None:
-    # docs/benchmarks.md, "A draft's one-token int4 matmuls on int8 x": endpoints mode with the
-    # main job's benchmark settings; the two serve commands of its header are the main job's
-    # speculative server, the baseline's with x kept exact, each on its arm's port.
-    cfg, header = _two_server_example("draft-int8-x-ab.yaml")
-    base, new = header.split("specserve serve ")[1:3]
-    assert "SPECSERVE_DRAFT_INT8_X=0 specserve serve" in header
-    assert base.split("--port")[0] == new.split("--port")[0]
-    servers = load_config(None).servers
-    assert servers is not None
-    assert f"--draft-model {servers.draft}" in base
-    assert f"--draft-weights {servers.draft_weights}" in base
     assert base.split("--port ")[1].split()[0] in cfg.endpoints.baseline.base_url
     assert new.split("--port ")[1].split()[0] in cfg.endpoints.speculative.base_url
