@@ -74,7 +74,7 @@ size along the slope of the two largest: one step timed slow by a busy machine, 
 that stopped early while the estimates were young, otherwise kept a larger k looking dear
 and never timed, and the request went on drafting 1-3 tokens a step where 6 are accepted
 (``test_a_reach_probe_frees_k_from_a_stale_slow_timing``; a lock of that kind was seen in
-two of six speculative arms on the AVX2 host, docs/benchmarks.md).
+two of five speculative arms on the AVX2 host, docs/benchmarks.md).
 
 Plain decoding is the yardstick, so its cost is measured before anything is compared with
 it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
