@@ -3,7 +3,9 @@
 ``--part matmul``: for the Qwen2.5-Coder-1.5B shapes, weight bytes read per second by
 ``specserve::bf16_gemm`` and by ``torch.nn.functional.linear`` (bf16) at M = 1, 5 and 16
 rows; on a CPU whose bf16 matmul runs on the AMX tiles, also by ``bf16_gemm`` with
-``SPECSERVE_BF16_AMX=0`` (its AVX-512 BF16 kernel). Each timing rotates over enough weight
+``SPECSERVE_BF16_AMX=0`` (its AVX-512 BF16 kernel), and on one where it runs on the AVX2
+kernel, also with ``SPECSERVE_SWEEP_PREFETCH=0`` (each weight row's stream prefetched on its
+own instead of the next block of rows in one sweep). Each timing rotates over enough weight
 copies (>= 128 MB) that reads come from memory, not from the last-level cache, as in real
 decoding; best of 3.
 
@@ -12,7 +14,8 @@ decoding; best of 3.
 native LM head) and on the eager path (PyTorch's linears, ``fused_layer.disable``), the two
 alternating on the same model so that both see the same machine; medians. Where the bf16
 matmul runs on the AMX tiles, the native path also runs with them switched off
-(``SPECSERVE_BF16_AMX=0``, read on every call) in the same alternation. It also says
+(``SPECSERVE_BF16_AMX=0``, read on every call) in the same alternation; where it runs on the
+AVX2 kernel, with its sweep prefetch switched off (``SPECSERVE_SWEEP_PREFETCH=0``). It also says
 whether each path's T = 5 rows equal, bit for bit, what five T = 1 steps give (the condition
 for greedy speculative output to equal plain output).
 
@@ -43,6 +46,7 @@ from specserve.models.native import bf16_native
 SHAPES = [(1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536), (1536, 151936)]  # K, N
 ROWS = (1, 5, 16)
 AMX_SWITCH = "SPECSERVE_BF16_AMX"
+SWEEP_SWITCH = "SPECSERVE_SWEEP_PREFETCH"
 
 
 def _amx_here() -> bool:
@@ -51,6 +55,14 @@ def _amx_here() -> bool:
 
 def _set_amx(on: bool) -> None:
     os.environ[AMX_SWITCH] = "1" if on else "0"
+
+
+def _avx2_here() -> bool:
+    return bf16_native.available() and bf16_native.kernel() == "AVX2"
+
+
+def _set_sweep(on: bool) -> None:
+    os.environ[SWEEP_SWITCH] = "1" if on else "0"
 
 
 def _best_of(fn: Callable[[], object], repeats: int, calls: int) -> float:
@@ -75,12 +87,15 @@ def _rotating(
 
 
 def part_matmul() -> None:
-    amx = _amx_here()
-    extra = " AMX off ms | AMX off GB/s | AMX off / native |" if amx else ""
+    amx, avx2 = _amx_here(), _avx2_here()
+    # The second native arm: the AVX-512 kernel where the tiles run, the AVX2 kernel without
+    # its sweep prefetch where that runs.
+    other = "AMX off" if amx else "sweep off" if avx2 else ""
+    extra = f" {other} ms | {other} GB/s | {other} / native |" if other else ""
     print(
         "| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |" + extra
     )
-    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if amx else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if other else ""))
     for k, n in SHAPES:
         nbytes = k * n * 2
         copies = max(1, (128 << 20) // nbytes)
@@ -93,10 +108,10 @@ def part_matmul() -> None:
                 f"| {k} x {n} | {m} | {a * 1e3:.2f} | {nbytes / a / 1e9:.1f} | {b * 1e3:.2f} | "
                 f"{nbytes / b / 1e9:.1f} | {b / a:.2f} |"
             )
-            if amx:
-                _set_amx(False)
+            if other:
+                (_set_amx if amx else _set_sweep)(False)
                 c = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
-                _set_amx(True)
+                (_set_amx if amx else _set_sweep)(True)
                 row += f" {c * 1e3:.2f} | {nbytes / c / 1e9:.1f} | {c / a:.2f} |"
             print(row)
 
@@ -114,19 +129,22 @@ def part_step(rounds: int) -> None:
     cache = SingleSequenceCache(model, 256)
     cache.forward(context)  # prefill: eager on both paths
 
-    # (name, native path, AMX tiles on)
-    paths = [("native (bf16_decoder_layer)", True, True)]
+    # (name, native path, AMX tiles on, sweep prefetch on)
+    paths = [("native (bf16_decoder_layer)", True, True, True)]
     if _amx_here():
-        paths[0] = ("native, AMX tiles", True, True)
-        paths.append(("native, AMX off (AVX-512 BF16)", True, False))
-    paths.append(("eager (torch linears)", False, True))
+        paths[0] = ("native, AMX tiles", True, True, True)
+        paths.append(("native, AMX off (AVX-512 BF16)", True, False, True))
+    elif _avx2_here():
+        paths.append(("native, sweep prefetch off", True, True, False))
+    paths.append(("eager (torch linears)", False, True, True))
 
-    def use(native: bool, amx: bool) -> None:
+    def use(native: bool, amx: bool, sweep: bool) -> None:
         (fused_layer.enable if native else fused_layer.disable)(model)
         _set_amx(amx)
+        _set_sweep(sweep)
 
-    def step(native: bool, amx: bool, tokens: list[int]) -> float:
-        use(native, amx)
+    def step(native: bool, amx: bool, sweep: bool, tokens: list[int]) -> float:
+        use(native, amx, sweep)
         cache.truncate(len(context))
         t0 = time.perf_counter()
         model.compute_logits(cache.forward(tokens))
@@ -134,14 +152,14 @@ def part_step(rounds: int) -> None:
 
     times: dict[tuple[str, int], list[float]] = {(p[0], t): [] for p in paths for t in (1, 5)}
     for _ in range(rounds):
-        for name, native, amx in paths:
+        for name, native, amx, sweep in paths:
             for t in (1, 5):
-                times[(name, t)].append(step(native, amx, new[:t]))
+                times[(name, t)].append(step(native, amx, sweep, new[:t]))
     print("| path | T = 1 ms | T = 5 ms | T = 5 / T = 1 | T = 5 rows == five T = 1 steps |")
     print("|---|---|---|---|---|")
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
-    for name, native, amx in paths:
-        use(native, amx)
+    for name, native, amx, sweep in paths:
+        use(native, amx, sweep)
         cache.truncate(len(context))
         together = model.compute_logits(cache.forward(new))
         cache.truncate(len(context))
@@ -150,8 +168,9 @@ def part_step(rounds: int) -> None:
         t1, t5 = med[(name, 1)], med[(name, 5)]
         print(f"| {name} | {t1:.1f} | {t5:.1f} | {t5 / t1:.2f} | {'yes' if same else 'no'} |")
     _set_amx(True)
+    _set_sweep(True)
     first = paths[0][0]
-    for name, _, _ in paths[1:]:
+    for name, *_ in paths[1:]:
         r1, r5 = med[(name, 1)] / med[(first, 1)], med[(name, 5)] / med[(first, 5)]
         print(f"{name} / {first}: T = 1 {r1:.2f}x, T = 5 {r5:.2f}x ({rounds} rounds, medians)")
 

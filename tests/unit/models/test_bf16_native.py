@@ -1,7 +1,8 @@
 """The native bf16 matmul (models/native/bf16_native.py): accuracy against a float64
 reference, rows bit-identical whatever the batch and the thread split (on the AMX tiles and on
-the AVX-512 / AVX2 kernel, ``SPECSERVE_BF16_AMX``), argument errors, the environment switches
-and the fallback reason."""
+the AVX-512 / AVX2 kernel, ``SPECSERVE_BF16_AMX``) and whatever the prefetch
+(``SPECSERVE_SWEEP_PREFETCH``), argument errors, the environment switches and the fallback
+reason."""
 
 from __future__ import annotations
 
@@ -48,10 +49,10 @@ def test_close_to_a_float64_reference(n: int, k: int, amx_switch: str) -> None:
 @pytest.mark.parametrize("k", [256, 80])
 def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_switch: str) -> None:
     """Every row of an M-row call equals the same row computed alone or among other rows,
-    for every M the kernel blocks differently (1, 2, 3, 4-6, several row blocks; on the AMX
-    tiles up to 16 rows a block, so M = 17-20 takes two); K = 80 ends in a half chunk on the
-    AVX-512 BF16 variant (chunks of 32 inputs) and stays off the tiles; N = 1003 leaves 11
-    rows that the tiles hand to the AVX-512 kernel."""
+    for every M the kernel blocks differently (1, 2, 3, 4-6 on AVX-512 and 4-5 on AVX2,
+    several row blocks; on the AMX tiles up to 16 rows a block, so M = 17-20 takes two);
+    K = 80 ends in a half chunk on the AVX-512 BF16 variant (chunks of 32 inputs) and stays
+    off the tiles; N = 1003 leaves 11 rows that the tiles hand to the AVX-512 kernel."""
     w, b, x = _data(1003, k, 20, seed=1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -62,6 +63,22 @@ def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_swi
         assert torch.equal(bf16_native.matmul(x[5:10], w, b), alone[5:10])
     finally:
         torch.set_num_threads(before)
+
+
+@native
+def test_the_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AVX2 kernel's sweep (each block of weight rows prefetches the next block, for
+    blocks of up to 32 KiB) moves reads only: on (the default) and off
+    (``SPECSERVE_SWEEP_PREFETCH=0``) give the same bits for every blocking of x rows, for
+    K whose blocks take the sweep (1536) and K whose blocks are too large for it (8960), and
+    for N that leaves the last rows of a task without a next block (N = 16 * 7 + 5)."""
+    for n, k in ((16 * 7 + 5, 1536), (37, 8960)):
+        w, b, x = _data(n, k, 11, seed=3)
+        for m in (1, 2, 3, 4, 5, 6, 9, 11):
+            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")
+            on = bf16_native.matmul(x[:m], w, b)
+            monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "0")
+            assert torch.equal(bf16_native.matmul(x[:m], w, b), on), (n, k, m)
 
 
 @native

@@ -6,8 +6,10 @@
 // Why: at batch 1 a decode step is bound by reading the weights, and PyTorch's bf16 linear
 // reads them at about 60 % of this machine's bandwidth for one row; for the 2 to 16 rows of a
 // speculative verify it is several times slower than for one row (oneDNN's small-M path), so
-// a verify cost far more than the step it replaces. Here one pass over the weights serves up
-// to 6 rows, and a verify of k + 1 rows costs little more than one decode step.
+// a verify cost far more than the step it replaces. Here one pass over the weights serves a
+// block of up to 6 rows (5 on AVX2), and a verify of k + 1 rows costs little more than one
+// decode step where the CPU has AVX-512 BF16 (1.3-1.4x one step at 5 rows on AVX2, whose
+// multi-row calls are bound by their FMAs).
 //
 // One variant per build (-march=native picks it). Per output (m, n) the arithmetic of a
 // variant is fixed, whatever M, the other rows or the thread split, so a row of a k + 1-row
@@ -85,8 +87,14 @@ constexpr int64_t kChunk = 32;  // inputs per step: one 64-byte load of a weight
 #else
 constexpr int64_t kChunk = 16;  // inputs per step: one 32-byte load of a weight row
 #endif
-constexpr int64_t kKMultiple = 16;       // K must be a multiple of this (both variants)
-constexpr int64_t kMaxRows = 6;          // rows of x per register block (with 2 weight rows)
+constexpr int64_t kKMultiple = 16;  // K must be a multiple of this (both variants)
+#ifdef SPECSERVE_BF16_AVX512
+constexpr int64_t kMaxRows = 6;  // rows of x per register block (with 2 or 4 weight rows)
+#else
+// 2 weight rows x 5 x rows: 10 sums, 4 weight vectors and the 2 vectors of one x row fill the
+// 16 registers; 6 rows leave no register for x, so every FMA would load its x operand.
+constexpr int64_t kMaxRows = 5;
+#endif
 constexpr int64_t kTaskRows = 16;        // weight rows per unit of the thread split
 constexpr int64_t kPrefetchBytes = 512;  // ahead in each weight row's stream
 
@@ -98,6 +106,8 @@ struct Job {
   void* out;             // element (m, n) at out + m * ldo + n
   int64_t ldo, K, M;
   bool out_f32;
+  int64_t n_end;  // end of this task's weight rows (the AVX2 sweep stops there)
+  bool sweep;     // AVX2: prefetch the next weight rows in one sweep (sweep_prefetch())
 };
 
 // y of output (m, n) from its sum, plus the bias, stored as bf16 or fp32.
@@ -228,6 +238,17 @@ void split_pairs(const uint16_t* x, float* xd, int64_t M, int64_t K) {
 }
 
 // Weight rows [n0, n0 + NR) against the MR rows of x from m0.
+//
+// Prefetch: the block's NR rows are one contiguous stretch of NR * K weights, and so are the
+// next NR rows. With the sweep on (and a next block in the task), the first row block
+// prefetches the next block's rows, one line for every 64 bytes it reads itself, so the reads
+// of the next block are in flight for as long as this one computes, in address order; several
+// x rows make a block compute for longer than the 512 bytes ahead of each row's own stream
+// take to arrive from memory. Otherwise, and for blocks of more than 32 KiB (the sweep would
+// run a whole L1 ahead: the down projection's rows of 8960 inputs read up to 1.3x slower
+// with it), each row's own stream is prefetched 512 bytes ahead. Only when lines are
+// requested changes, never the arithmetic.
+constexpr int64_t kSweepBytes = int64_t{32} << 10;
 template <int NR, int MR>
 void run_block(const Job& j, int64_t n0, int64_t m0) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -235,14 +256,23 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const float* x = static_cast<const float*>(j.x) + m0 * K;
+  const bool sweep = j.sweep && m0 == 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
+  const bool own = !sweep;
+  const char* next = reinterpret_cast<const char*>(j.w + (n0 + NR) * K);
+  constexpr int kLinesPerStep = (NR * kChunk * 2 + 63) / 64;
   __m256 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += kChunk) {
+    if (sweep) {
+      for (int q = 0; q < kLinesPerStep; ++q) _mm_prefetch(next + 64 * q, _MM_HINT_T0);
+      next += NR * kChunk * 2;
+    }
     if constexpr (MR == 1) {  // one x row: its two vectors stay in registers
       const __m256 xe = _mm256_loadu_ps(x + k), xo = _mm256_loadu_ps(x + k + 8);
       for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+        if (own)
+          _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
         acc[r][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, acc[r][0]);
         acc[r][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, high)), xo, acc[r][0]);
@@ -250,15 +280,22 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
     } else {  // the weight vectors stay in registers, each x vector is loaded once
       __m256 we[NR], wo[NR];
       for (int r = 0; r < NR; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+        if (own)
+          _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
         we[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
         wo[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
       }
+      // Each x vector is loaded once into a register for its NR FMAs. Left to itself the
+      // compiler folds the load into every FMA (NR loads of the same vector), and the loads,
+      // not the FMAs, then bound the loop: 1.4-1.5x slower at 3 to 5 rows (the empty asm
+      // only pins the value in a register; it emits nothing).
       for (int m = 0; m < MR; ++m) {
-        const __m256 xe = _mm256_loadu_ps(x + m * K + k);
+        __m256 xe = _mm256_loadu_ps(x + m * K + k);
+        __asm__("" : "+x"(xe));
         for (int r = 0; r < NR; ++r) acc[r][m] = _mm256_fmadd_ps(we[r], xe, acc[r][m]);
-        const __m256 xo = _mm256_loadu_ps(x + m * K + k + 8);
+        __m256 xo = _mm256_loadu_ps(x + m * K + k + 8);
+        __asm__("" : "+x"(xo));
         for (int r = 0; r < NR; ++r) acc[r][m] = _mm256_fmadd_ps(wo[r], xo, acc[r][m]);
       }
     }
@@ -278,7 +315,7 @@ void run_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows) {
     case 3: run_block<NR, 3>(j, n0, m0); break;
     case 4: run_block<NR, 4>(j, n0, m0); break;
     case 5: run_block<NR, 5>(j, n0, m0); break;
-    default: run_block<NR, 6>(j, n0, m0); break;
+    default: run_block<NR, static_cast<int>(kMaxRows)>(j, n0, m0); break;
   }
 }
 
@@ -300,15 +337,23 @@ void run_row_blocks(const Job& j, int64_t n) {
 
 // Weight rows [begin, end), all rows of x: several weight rows at a time when x has few rows
 // (independent FMA chains to cover the latency), else 2 weight rows per row block (4 on
-// AVX-512, with its 32 registers).
+// AVX-512, with its 32 registers). On AVX2, 2 and 3 x rows take 3 weight rows (9 sums, 6
+// weight vectors and one x vector fit the 16 registers; 4 did not).
 void run_range(const Job& j, int64_t begin, int64_t end) {
   int64_t n = begin;
   if (j.M == 1) {
     for (; n + 8 <= end; n += 8) run_block<8, 1>(j, n, 0);
+#ifdef SPECSERVE_BF16_AVX512
   } else if (j.M == 2) {
     for (; n + 4 <= end; n += 4) run_block<4, 2>(j, n, 0);
   } else if (j.M == 3) {
     for (; n + 4 <= end; n += 4) run_block<4, 3>(j, n, 0);
+#else
+  } else if (j.M == 2) {
+    for (; n + 3 <= end; n += 3) run_block<3, 2>(j, n, 0);
+  } else if (j.M == 3) {
+    for (; n + 3 <= end; n += 3) run_block<3, 3>(j, n, 0);
+#endif
   } else {
 #ifdef SPECSERVE_BF16_AVX512
     for (; n + 4 <= end; n += 4) run_row_blocks<4>(j, n);
@@ -372,6 +417,7 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
   split_pairs(x, xd.data(), M, K);
   const void* xp = xd.data();  // the worker threads have thread_locals of their own
 #endif
+  const bool sweep = specserve_native::sweep_prefetch();  // read once per call
   // Units of kTaskRows weight rows, numbered across the parts in order; a task holds at
   // least 128 KiB / (M + 1) of weights, so small matrices stay on one thread.
   std::vector<int64_t> first_unit(count + 1, 0);
@@ -385,9 +431,9 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
       const int64_t lo = std::max(b, first_unit[i]), hi = std::min(e, first_unit[i + 1]);
       if (lo >= hi) continue;
       const DenseMatmul& p = parts[i];
-      const Job job{p.w.data, xp, p.bias, p.out, ldo, K, M, out_f32};
       const int64_t u0 = lo - first_unit[i], u1 = hi - first_unit[i];
       const int64_t begin = u0 * kTaskRows, end = std::min(p.w.N, u1 * kTaskRows);
+      const Job job{p.w.data, xp, p.bias, p.out, ldo, K, M, out_f32, end, sweep};
 #ifdef SPECSERVE_BF16_AMX
       if (amx) {
         run_range_amx(job, xip, begin, end);
