@@ -9,7 +9,8 @@ setting of ``SPECSERVE_BF16_AMX``: the variants sum in different orders, :func:`
 which one runs). That is what makes greedy speculative decoding in bf16 return exactly plain
 decoding's tokens: a ``k + 1``-row verify computes each row as a 1-row decode step would. It
 is also faster than PyTorch's bf16 linear on CPU for the row counts of decoding (one pass over
-the weights serves up to six rows; on the AMX tiles, up to sixteen, at the cost of one).
+the weights serves up to six rows, five on AVX2; on the AMX tiles, up to sixteen, at the cost
+of one).
 
 Used by the fused bf16 decoder layer (``fused_layer.py``, op
 ``torch.ops.specserve.bf16_decoder_layer``) and for the LM head of bf16 models
