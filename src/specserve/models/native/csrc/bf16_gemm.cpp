@@ -8,7 +8,7 @@
 // speculative verify it is several times slower than for one row (oneDNN's small-M path), so
 // a verify cost far more than the step it replaces. Here one pass over the weights serves a
 // block of up to 6 rows (5 on AVX2), and a verify of k + 1 rows costs little more than one
-// decode step where the CPU has AVX-512 BF16 (1.3-1.4x one step at 5 rows on AVX2, whose
+// decode step where the CPU has AVX-512 BF16 (1.2-1.4x one step at 5 rows on AVX2, whose
 // multi-row calls are bound by their FMAs).
 //
 // One variant per build (-march=native picks it). Per output (m, n) the arithmetic of a
@@ -245,8 +245,8 @@ void split_pairs(const uint16_t* x, float* xd, int64_t M, int64_t K) {
 // of the next block are in flight for as long as this one computes, in address order; several
 // x rows make a block compute for longer than the 512 bytes ahead of each row's own stream
 // take to arrive from memory. Otherwise, and for blocks of more than 32 KiB (the sweep would
-// run a whole L1 ahead: the down projection's rows of 8960 inputs read up to 1.3x slower
-// with it), each row's own stream is prefetched 512 bytes ahead. Only when lines are
+// run a whole L1 ahead: the down projection's rows of 8960 inputs read more slowly with it
+// in trials), each row's own stream is prefetched 512 bytes ahead. Only when lines are
 // requested changes, never the arithmetic.
 constexpr int64_t kSweepBytes = int64_t{32} << 10;
 template <int NR, int MR>
@@ -257,7 +257,6 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const float* x = static_cast<const float*>(j.x) + m0 * K;
   const bool sweep = j.sweep && m0 == 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
-  const bool own = !sweep;
   const char* next = reinterpret_cast<const char*>(j.w + (n0 + NR) * K);
   constexpr int kLinesPerStep = (NR * kChunk * 2 + 63) / 64;
   __m256 acc[NR][MR];
@@ -271,7 +270,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
     if constexpr (MR == 1) {  // one x row: its two vectors stay in registers
       const __m256 xe = _mm256_loadu_ps(x + k), xo = _mm256_loadu_ps(x + k + 8);
       for (int r = 0; r < NR; ++r) {
-        if (own)
+        if (!sweep)
           _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
         acc[r][0] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, acc[r][0]);
@@ -280,7 +279,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
     } else {  // the weight vectors stay in registers, each x vector is loaded once
       __m256 we[NR], wo[NR];
       for (int r = 0; r < NR; ++r) {
-        if (own)
+        if (!sweep)
           _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
         we[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -288,8 +287,9 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
       }
       // Each x vector is loaded once into a register for its NR FMAs. Left to itself the
       // compiler folds the load into every FMA (NR loads of the same vector), and the loads,
-      // not the FMAs, then bound the loop: 1.4-1.5x slower at 3 to 5 rows (the empty asm
-      // only pins the value in a register; it emits nothing).
+      // not the FMAs, then bound the loop (docs/benchmarks.md: with the sweep below off, a
+      // 5-token step costs 1.59x a 1-token step, against 1.70-1.84x before this change). The
+      // empty asm only pins the value in a register; it emits nothing.
       for (int m = 0; m < MR; ++m) {
         __m256 xe = _mm256_loadu_ps(x + m * K + k);
         __asm__("" : "+x"(xe));
