@@ -47,6 +47,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch_dtype(args.dtype)
     target = load_in_format(args.target, args.weights, dtype)
     draft = load_in_format(args.draft, args.draft_weights, dtype).model
+    from specserve.models.native import fused_layer
+
+    fused_layer.set_draft(draft)  # the draft's kernels as the server runs them (engine builder)
     tok = target.tokenizer
     eos = tuple(tok.eos_token_ids)
     params = SamplingParams(max_tokens=args.max_tokens)

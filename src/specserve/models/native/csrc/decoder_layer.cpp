@@ -111,28 +111,77 @@ struct AttentionProblem {
   float scale;
 };
 
+// Keys ahead whose K and V rows attend() prefetches: the cache rows of a layer come from
+// memory (the weight stream evicts them between steps), and without it the loops waited on
+// each key's lines in turn.
+constexpr int64_t kKeysAhead = 8;
+constexpr int64_t kKeyBlock = 4;  // keys whose q.k dot products run interleaved
+
+template <int Hint>
+inline void prefetch_row(const uint16_t* row, int64_t hd) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(p + b, static_cast<_mm_hint>(Hint));
+}
+
 // Query row m, the query heads of kv head h: softmax(q k^T * scale) v over keys 0..p.
+// Each q.k is one chain of FMAs over the head's dims in order, then reduce_add; the chains of
+// kKeyBlock keys run side by side (one chain alone waits on each FMA's latency), which
+// changes no bit of a score.
 void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   const int64_t group = a.nh / a.nkv, hd = a.hd;
   const int64_t p = a.positions[m], n = p + 1, n8 = (n + 7) / 8 * 8;
   const int64_t* ctx = a.context_slots + (m / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
+  const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
+  const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
   // Per worker thread, reused across calls (no allocation per head and layer).
-  thread_local std::vector<float> q, scores, acc;
+  thread_local std::vector<float> q, scores, acc, keys;
   q.resize(static_cast<size_t>(group * hd));
   scores.resize(static_cast<size_t>(group * n8));
   acc.assign(static_cast<size_t>(group * hd), 0.0f);
+  keys.resize(static_cast<size_t>(kKeyBlock * hd));
   for (int64_t g = 0; g < group; ++g) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
     for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(&q[g * hd + d], load_bf16x8(qr + d));
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* kr = a.k_cache + (ctx[j] * a.nkv + h) * hd;
-    for (int64_t g = 0; g < group; ++g) {
-      __m256 s = _mm256_setzero_ps();
+  for (int64_t j = 0; j < std::min(n, kKeysAhead); ++j) {
+    prefetch_row<_MM_HINT_T0>(k_row(j), hd);
+    prefetch_row<_MM_HINT_T1>(v_row(j), hd);
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const int64_t nj = std::min(kKeyBlock, n - j0);
+    for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j) {
+      prefetch_row<_MM_HINT_T0>(k_row(j), hd);
+      prefetch_row<_MM_HINT_T1>(v_row(j), hd);
+    }
+    float* kf = keys.data();  // the block's keys in fp32, [nj, hd]
+    for (int64_t i = 0; i < nj; ++i)
       for (int64_t d = 0; d < hd; d += 8)
-        s = _mm256_fmadd_ps(_mm256_loadu_ps(&q[g * hd + d]), load_bf16x8(kr + d), s);
-      scores[g * n8 + j] = specserve_native::reduce_add(s) * a.scale;
+        _mm256_storeu_ps(kf + i * hd + d, load_bf16x8(k_row(j0 + i) + d));
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = &q[g * hd];
+      float* sg = &scores[g * n8 + j0];
+      if (nj == kKeyBlock) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t d = 0; d < hd; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(qg + d);
+          s0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + d), s0);
+          s1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + hd + d), s1);
+          s2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 2 * hd + d), s2);
+          s3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 3 * hd + d), s3);
+        }
+        sg[0] = specserve_native::reduce_add(s0) * a.scale;
+        sg[1] = specserve_native::reduce_add(s1) * a.scale;
+        sg[2] = specserve_native::reduce_add(s2) * a.scale;
+        sg[3] = specserve_native::reduce_add(s3) * a.scale;
+      } else {
+        for (int64_t i = 0; i < nj; ++i) {
+          __m256 s = _mm256_setzero_ps();
+          for (int64_t d = 0; d < hd; d += 8)
+            s = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kf + i * hd + d), s);
+          sg[i] = specserve_native::reduce_add(s) * a.scale;
+        }
+      }
     }
   }
   const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
@@ -153,14 +202,25 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
     for (int64_t j = 0; j < n8; j += 8)
       _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const uint16_t* vr = a.v_cache + (ctx[j] * a.nkv + h) * hd;
-    for (int64_t d = 0; d < hd; d += 8) {
-      const __m256 v = load_bf16x8(vr + d);
-      for (int64_t g = 0; g < group; ++g) {
-        float* o = &acc[g * hd + d];
-        _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(scores[g * n8 + j]), v,
-                                            _mm256_loadu_ps(o)));
+  // acc += p_j v_j over the keys in order, each output lane one chain of FMAs; a block's
+  // values converted to fp32 once for all the group's heads, each head's sums loaded and
+  // stored once per block instead of once per key.
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const int64_t nj = std::min(kKeyBlock, n - j0);
+    for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j)
+      prefetch_row<_MM_HINT_T0>(v_row(j), hd);
+    float* vf = keys.data();  // the block's values in fp32, [nj, hd]
+    for (int64_t i = 0; i < nj; ++i)
+      for (int64_t d = 0; d < hd; d += 8)
+        _mm256_storeu_ps(vf + i * hd + d, load_bf16x8(v_row(j0 + i) + d));
+    for (int64_t g = 0; g < group; ++g) {
+      const float* pg = &scores[g * n8 + j0];
+      float* o = &acc[g * hd];
+      for (int64_t d = 0; d < hd; d += 8) {
+        __m256 sum = _mm256_loadu_ps(o + d);
+        for (int64_t i = 0; i < nj; ++i)
+          sum = _mm256_fmadd_ps(_mm256_set1_ps(pg[i]), _mm256_loadu_ps(vf + i * hd + d), sum);
+        _mm256_storeu_ps(o + d, sum);
       }
     }
   }

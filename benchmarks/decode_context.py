@@ -1,0 +1,73 @@
+"""One decode step of the main job's pair as the context grows: what attention adds to a step.
+
+The draft (Qwen2.5-Coder-0.5B, int4 weights, marked as a draft as the engine builder marks it:
+one-row matmuls on int8 x) and the target (Qwen2.5-Coder-1.5B, bf16 weights), both on the
+native path (one ``*_decoder_layer`` op per layer), each run one token at a time after a
+context of ``--contexts`` tokens; medians of ``--steps`` steps (forward and LM head), the two
+models' steps alternating so that both see the same machine. A step's weight reads do not
+grow with the context; its attention does (every layer reads the keys and values of every
+earlier token), so the growth from the shortest context is what attention costs there.
+
+Comparing two versions of the code (attention kernels), run it from each checkout in turn:
+
+    python benchmarks/decode_context.py
+    python benchmarks/decode_context.py --contexts 200,600 --steps 100
+
+Run it alone on the machine: it measures memory traffic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specserve.kv_cache.single_sequence import SingleSequenceCache
+from specserve.loading import load_model
+from specserve.loading.quant_cache import load_in_format
+from specserve.models.native import fused_layer
+
+DRAFT, TARGET = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--contexts", default="100,300,600,1200", help="context lengths, tokens")
+    ap.add_argument("--steps", type=int, default=60, help="one-token steps per model and context")
+    args = ap.parse_args()
+    contexts = [int(c) for c in args.contexts.split(",")]
+    if not contexts or min(contexts) < 1 or args.steps < 3:
+        ap.error("--contexts must be positive lengths and --steps at least 3")
+    draft = load_in_format(DRAFT, "int4", torch.bfloat16).model
+    fused_layer.set_draft(draft)
+    target = load_model(TARGET, dtype=torch.bfloat16).model
+    if not fused_layer.enable(target):
+        raise SystemExit(f"the native path is off here: {fused_layer.why_not(target)}")
+    print(f"draft: {fused_layer.describe(draft)}; target: {fused_layer.describe(target)}")
+    print("| context | draft step ms | target step ms | draft / target |")
+    print("|---|---|---|---|")
+    first: tuple[float, float] | None = None
+    for n in contexts:
+        ids = [(13 * i + 7) % 1000 + 100 for i in range(n)]
+        caches = [SingleSequenceCache(m, n + 8) for m in (draft, target)]
+        for cache in caches:
+            cache.forward(ids)
+        times: list[list[float]] = [[], []]
+        for _ in range(args.steps):
+            for cache, t in zip(caches, times, strict=True):
+                t0 = time.perf_counter()
+                cache.model.compute_logits(cache.forward([5]))
+                t.append(time.perf_counter() - t0)
+                cache.truncate(n)
+        d, g = (statistics.median(t) * 1e3 for t in times)
+        first = first or (d, g)
+        print(f"| {n} | {d:.2f} (+{d - first[0]:.2f}) | {g:.1f} (+{g - first[1]:.1f}) | "
+              f"{d / g:.3f} |", flush=True)  # fmt: skip
+    print(f"(+x: the growth over the {contexts[0]}-token context; {args.steps} steps, medians)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
