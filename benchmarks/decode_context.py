@@ -3,15 +3,16 @@
 The draft (Qwen2.5-Coder-0.5B, int4 weights, marked as a draft as the engine builder marks it:
 one-row matmuls on int8 x) and the target (Qwen2.5-Coder-1.5B, bf16 weights), both on the
 native path (one ``*_decoder_layer`` op per layer), each run one token at a time after a
-context of ``--contexts`` tokens; medians of ``--steps`` steps (forward and LM head), the two
-models' steps alternating so that both see the same machine. A step's weight reads do not
-grow with the context; its attention does (every layer reads the keys and values of every
-earlier token), so the growth from the shortest context is what attention costs there.
+context of ``--contexts`` tokens; medians of ``--steps`` steps (forward and LM head), the
+steps of every model and context taken in turn so that all see the same machine. A step's
+weight reads do not grow with the context; its attention does (every layer reads the keys
+and values of every earlier token), so the growth from the shortest context is what
+attention costs there.
 
 Comparing two versions of the code (attention kernels), run it from each checkout in turn:
 
     python benchmarks/decode_context.py
-    python benchmarks/decode_context.py --contexts 200,600 --steps 100
+    python benchmarks/decode_context.py --contexts 100,300,600,1200 --steps 100
 
 Run it alone on the machine: it measures memory traffic.
 """
@@ -46,25 +47,28 @@ def main() -> int:
     if not fused_layer.enable(target):
         raise SystemExit(f"the native path is off here: {fused_layer.why_not(target)}")
     print(f"draft: {fused_layer.describe(draft)}; target: {fused_layer.describe(target)}")
-    print("| context | draft step ms | target step ms | draft / target |")
-    print("|---|---|---|---|")
-    first: tuple[float, float] | None = None
+    # Every (context, model) pair holds its own cache; the steps go round all pairs in turn,
+    # so that the growth with the context compares steps taken seconds apart.
+    pairs: list[tuple[int, SingleSequenceCache, list[float]]] = []
     for n in contexts:
         ids = [(13 * i + 7) % 1000 + 100 for i in range(n)]
-        caches = [SingleSequenceCache(m, n + 8) for m in (draft, target)]
-        for cache in caches:
+        for model in (draft, target):
+            cache = SingleSequenceCache(model, n + 8)
             cache.forward(ids)
-        times: list[list[float]] = [[], []]
-        for _ in range(args.steps):
-            for cache, t in zip(caches, times, strict=True):
-                t0 = time.perf_counter()
-                cache.model.compute_logits(cache.forward([5]))
-                t.append(time.perf_counter() - t0)
-                cache.truncate(n)
-        d, g = (statistics.median(t) * 1e3 for t in times)
-        first = first or (d, g)
-        print(f"| {n} | {d:.2f} (+{d - first[0]:.2f}) | {g:.1f} (+{g - first[1]:.1f}) | "
-              f"{d / g:.3f} |", flush=True)  # fmt: skip
+            pairs.append((n, cache, []))
+    for _ in range(args.steps):
+        for n, cache, t in pairs:
+            t0 = time.perf_counter()
+            cache.model.compute_logits(cache.forward([5]))
+            t.append(time.perf_counter() - t0)
+            cache.truncate(n)
+    med = [statistics.median(t) * 1e3 for _, _, t in pairs]
+    print("| context | draft step ms | target step ms | draft / target |")
+    print("|---|---|---|---|")
+    for j, n in enumerate(contexts):
+        d, g = med[2 * j], med[2 * j + 1]
+        print(f"| {n} | {d:.2f} (+{d - med[0]:.2f}) | {g:.1f} (+{g - med[1]:.1f}) | "
+              f"{d / g:.3f} |")  # fmt: skip
     print(f"(+x: the growth over the {contexts[0]}-token context; {args.steps} steps, medians)")
     return 0
 
