@@ -123,6 +123,14 @@ inline void prefetch_row(const uint16_t* row, int64_t hd) {
   for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch(p + b, static_cast<_mm_hint>(Hint));
 }
 
+// Cache rows j0 .. j0 + nj - 1 (row(j): a bf16 row of hd values) as fp32 into out [nj, hd].
+template <class Row>
+inline void rows_to_f32(const Row& row, int64_t j0, int64_t nj, int64_t hd, float* out) {
+  for (int64_t i = 0; i < nj; ++i)
+    for (int64_t d = 0; d < hd; d += 8)
+      _mm256_storeu_ps(out + i * hd + d, load_bf16x8(row(j0 + i) + d));
+}
+
 // Query row m, the query heads of kv head h: softmax(q k^T * scale) v over keys 0..p.
 // Each q.k is one chain of FMAs over the head's dims in order, then reduce_add; the chains of
 // kKeyBlock keys run side by side (one chain alone waits on each FMA's latency), which
@@ -155,9 +163,7 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
       prefetch_row<_MM_HINT_T1>(v_row(j), hd);
     }
     float* kf = keys.data();  // the block's keys in fp32, [nj, hd]
-    for (int64_t i = 0; i < nj; ++i)
-      for (int64_t d = 0; d < hd; d += 8)
-        _mm256_storeu_ps(kf + i * hd + d, load_bf16x8(k_row(j0 + i) + d));
+    rows_to_f32(k_row, j0, nj, hd, kf);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = &q[g * hd];
       float* sg = &scores[g * n8 + j0];
@@ -210,9 +216,7 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
     for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j)
       prefetch_row<_MM_HINT_T0>(v_row(j), hd);
     float* vf = keys.data();  // the block's values in fp32, [nj, hd]
-    for (int64_t i = 0; i < nj; ++i)
-      for (int64_t d = 0; d < hd; d += 8)
-        _mm256_storeu_ps(vf + i * hd + d, load_bf16x8(v_row(j0 + i) + d));
+    rows_to_f32(v_row, j0, nj, hd, vf);
     for (int64_t g = 0; g < group; ++g) {
       const float* pg = &scores[g * n8 + j0];
       float* o = &acc[g * hd];
