@@ -143,11 +143,11 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
   const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
   // Per worker thread, reused across calls (no allocation per head and layer).
-  thread_local std::vector<float> q, scores, acc, keys;
+  thread_local std::vector<float> q, scores, acc, block;  // block: kKeyBlock cache rows in fp32
   q.resize(static_cast<size_t>(group * hd));
   scores.resize(static_cast<size_t>(group * n8));
   acc.assign(static_cast<size_t>(group * hd), 0.0f);
-  keys.resize(static_cast<size_t>(kKeyBlock * hd));
+  block.resize(static_cast<size_t>(kKeyBlock * hd));
   for (int64_t g = 0; g < group; ++g) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
     for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(&q[g * hd + d], load_bf16x8(qr + d));
@@ -162,7 +162,7 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
       prefetch_row<_MM_HINT_T0>(k_row(j), hd);
       prefetch_row<_MM_HINT_T1>(v_row(j), hd);
     }
-    float* kf = keys.data();  // the block's keys in fp32, [nj, hd]
+    float* kf = block.data();  // the block's keys in fp32, [nj, hd]
     rows_to_f32(k_row, j0, nj, hd, kf);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = &q[g * hd];
@@ -215,7 +215,7 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
     const int64_t nj = std::min(kKeyBlock, n - j0);
     for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j)
       prefetch_row<_MM_HINT_T0>(v_row(j), hd);
-    float* vf = keys.data();  // the block's values in fp32, [nj, hd]
+    float* vf = block.data();  // the block's values in fp32, [nj, hd]
     rows_to_f32(v_row, j0, nj, hd, vf);
     for (int64_t g = 0; g < group; ++g) {
       const float* pg = &scores[g * n8 + j0];
