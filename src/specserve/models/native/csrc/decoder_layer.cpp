@@ -142,6 +142,14 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
   const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
   const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
+  // K rows into L1 for the q.k loop, V rows into L2 for the value loop (which pulls them
+  // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n)).
+  const auto prefetch_keys = [&](int64_t from, int64_t to) {
+    for (int64_t j = from; j < std::min(n, to); ++j) {
+      prefetch_row<_MM_HINT_T0>(k_row(j), hd);
+      prefetch_row<_MM_HINT_T1>(v_row(j), hd);
+    }
+  };
   // Per worker thread, reused across calls (no allocation per head and layer).
   thread_local std::vector<float> q, scores, acc, block;  // block: kKeyBlock cache rows in fp32
   q.resize(static_cast<size_t>(group * hd));
@@ -152,16 +160,10 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
     const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
     for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(&q[g * hd + d], load_bf16x8(qr + d));
   }
-  for (int64_t j = 0; j < std::min(n, kKeysAhead); ++j) {
-    prefetch_row<_MM_HINT_T0>(k_row(j), hd);
-    prefetch_row<_MM_HINT_T1>(v_row(j), hd);
-  }
+  prefetch_keys(0, kKeysAhead);
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
     const int64_t nj = std::min(kKeyBlock, n - j0);
-    for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j) {
-      prefetch_row<_MM_HINT_T0>(k_row(j), hd);
-      prefetch_row<_MM_HINT_T1>(v_row(j), hd);
-    }
+    prefetch_keys(j0 + kKeysAhead, j0 + kKeysAhead + nj);
     float* kf = block.data();  // the block's keys in fp32, [nj, hd]
     rows_to_f32(k_row, j0, nj, hd, kf);
     for (int64_t g = 0; g < group; ++g) {
