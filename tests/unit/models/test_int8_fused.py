@@ -65,17 +65,20 @@ def _mixed_model(
         floats.append(parts)
     head = tiny.lm_head.weight.detach().clone()
     model = quantize_model(tiny, "int4", 32)
-    for layer, parts in zip(model.model.layers, floats, strict=True):
-        for name in int8:
-            parent_name, attr, _ = _PROJ[name]
-            parent = getattr(layer, parent_name)
-            old = getattr(parent, attr)
-            assert isinstance(old, Int4Linear)
-            new = Int8GroupLinear(_int8_group(parts[name], bits), old.bias, torch.bfloat16)
-            assert new.native is not None and new.native.code_bits == bits
-            setattr(parent, attr, new)
-    if int8_head:
-        model.lm_head = Int8GroupLinear(_int8_group(head, bits), None, torch.bfloat16)  # type: ignore[assignment]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECSERVE_SIX_BIT_CODES", "1")  # six bits where they fit, whatever the CPU
+        for layer, parts in zip(model.model.layers, floats, strict=True):
+            for name in int8:
+                parent_name, attr, _ = _PROJ[name]
+                parent = getattr(layer, parent_name)
+                old = getattr(parent, attr)
+                assert isinstance(old, Int4Linear)
+                new = Int8GroupLinear(_int8_group(parts[name], bits), old.bias, torch.bfloat16)
+                assert new.native is not None and new.native.code_bits == bits
+                setattr(parent, attr, new)
+        if int8_head:
+            head_weight = _int8_group(head, bits)
+            model.lm_head = Int8GroupLinear(head_weight, None, torch.bfloat16)  # type: ignore[assignment]
     assert fused_layer.enable(model), fused_layer.why_not(model)
     return model
 

@@ -34,6 +34,13 @@ def _weight(
     return Int8GroupWeight(codes, scale, offset, gs)
 
 
+@pytest.fixture(autouse=True)
+def six_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`pack` takes six bits wherever they fit, whatever this CPU prefers (the tests
+    below are about six-bit codes; the default's choice has its own test)."""
+    monkeypatch.setenv("SPECSERVE_SIX_BIT_CODES", "1")
+
+
 # ---------------------------------------------------------------- layout (no kernel) --------
 
 
@@ -86,6 +93,29 @@ def test_pack_takes_six_bits_wherever_they_fit(
     if low == -33:  # one code just out of range
         weight.codes[3, 5] = -33
     assert pack(weight, inline_constants=inline).code_bits == bits
+
+
+def test_pack_stores_six_bits_by_default_only_where_they_run_as_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unset, the switch leaves the choice to the CPU: six bits where the bf16-pair kernel
+    reads them (dot products), else bytes, which the fp32 kernels read faster. 1 / 0 force
+    six bits / bytes; an explicit ``code_bits`` wins over both."""
+    weight = _weight(32, 64, 16)
+    monkeypatch.delenv("SPECSERVE_SIX_BIT_CODES")
+    assert six_bit.preferred() == six_bit.dot_products()
+    assert pack(weight).code_bits == (6 if six_bit.dot_products() else 8)
+    for dot, bits in ((True, 6), (False, 8)):
+        monkeypatch.setattr(six_bit, "dot_products", lambda dot=dot: dot)
+        assert pack(weight).code_bits == bits
+    for forced, bits in (("1", 6), ("0", 8)):
+        monkeypatch.setenv("SPECSERVE_SIX_BIT_CODES", forced)
+        assert six_bit.preferred() == (bits == 6)
+        assert pack(weight).code_bits == bits
+        assert pack(weight, code_bits=6).code_bits == 6
+        assert pack(weight, code_bits=8).code_bits == 8
+    monkeypatch.setenv("SPECSERVE_SIX_BIT_CODES", "1")
+    assert pack(_weight(32, 64, 16, low=-40)).code_bits == 8  # forced only where they fit
 
 
 @pytest.mark.parametrize(

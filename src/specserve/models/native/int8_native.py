@@ -11,11 +11,12 @@ exact, and so is their product) and meet in FMAs; per group
 per-row power-of-two normalisation (~2e-4 relative error on the outputs, well under the bf16
 rounding of the result).
 
-Codes in -32 .. 31 (the K-quants' 4-, 5- and 6-bit codes) travel in six bits: :func:`pack`
-stores them so by default (see :class:`Int8Packed`), 3/4 of the bytes of the byte codes. The
-fp32 kernels unpack them to the same bytes before the same arithmetic (bit-identical outputs).
-Where the CPU has AVX-512 BF16, VBMI and GFNI (:func:`six_bit.dot_products`), six-bit codes
-run on a kernel of their own instead: ``code + 160`` is exact in bf16, and one ``vdpbf16ps``
+Codes in -32 .. 31 (the K-quants' 4-, 5- and 6-bit codes) can travel in six bits (see
+:class:`Int8Packed`), 3/4 of the bytes of the byte codes. The fp32 kernels unpack them to the
+same bytes before the same arithmetic (bit-identical outputs), which costs them more time than
+the bytes save, so :func:`pack` stores them so by default only where the CPU has AVX-512 BF16,
+VBMI and GFNI (:func:`six_bit.dot_products`, :func:`six_bit.preferred`): there six-bit codes
+run on a kernel of their own: ``code + 160`` is exact in bf16, and one ``vdpbf16ps``
 multiplies two inputs' weights of 16 rows by a pair of bf16 inputs, with fp32 sums; per group
 ``y += scale·Σ (code + 160)·x + (offset - 160·scale)·Σ x``. Its outputs agree with the fp32
 kernels' to rounding, its rows are batch invariant as theirs.
@@ -194,8 +195,9 @@ def pack(
 
     ``code_bits``: 6 stores the codes in six bits (they must lie in -32 .. 31, the group size
     be a multiple of 16 and the constants inline), 8 as bytes; None (the default) takes 6
-    wherever those hold. The fp32 kernels give both the same bits; where six-bit codes run as
-    bf16 pairs (:func:`six_bit.dot_products`) their sums round differently.
+    wherever those hold and :func:`six_bit.preferred` says six-bit codes pay here. The fp32
+    kernels give both the same bits; where six-bit codes run as bf16 pairs
+    (:func:`six_bit.dot_products`) their sums round differently.
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
@@ -214,7 +216,7 @@ def pack(
         raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
     six_fits = inline_constants and gs % six_bit.UNIT_K == 0
     if code_bits is None:
-        code_bits = 6 if six_fits and six_bit.codes_fit(codes_all) else 8
+        code_bits = 6 if six_fits and six_bit.preferred() and six_bit.codes_fit(codes_all) else 8
     elif code_bits == 6:
         if not six_fits:
             raise ValueError(

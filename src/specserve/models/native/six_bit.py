@@ -13,7 +13,15 @@ import torch
 from specserve.models.native import build, int4_native
 from specserve.models.native.tile_stream import TILE_ROWS
 
-__all__ = ["UNIT_K", "codes_fit", "dot_products", "pack_units", "unit_blocks", "unpack_units"]
+__all__ = [
+    "UNIT_K",
+    "codes_fit",
+    "dot_products",
+    "pack_units",
+    "preferred",
+    "unit_blocks",
+    "unpack_units",
+]
 
 UNIT_K = 16  # inputs per six-bit unit (three 64-byte blocks)
 
@@ -78,6 +86,21 @@ def dot_products() -> bool:
     if os.environ.get("SPECSERVE_INT8_AVX512") == "0":
         return False
     return all(flag in build.cpu_signature()[1] for flag in _DOT_FLAGS)
+
+
+def preferred() -> bool:
+    """Whether :func:`~specserve.models.native.int8_native.pack` stores codes that fit in six
+    bits so by default: where they run as bf16 pairs (:func:`dot_products`), whose kernel reads
+    them as stored. The fp32 kernels unpack six-bit codes to bytes first, which costs more than
+    the quarter of the bytes it saves: on an AVX2 host (Zen 3) a gguf 1.5B step took 0.87 of
+    the time with byte codes at one token and 0.78 at five (``python
+    benchmarks/int8_group_kernel.py --part step --switch codes``, docs/benchmarks.md).
+    ``SPECSERVE_SIX_BIT_CODES=1`` (or ``0``) forces six bits (or bytes) wherever they fit.
+    Read on every call."""
+    forced = os.environ.get("SPECSERVE_SIX_BIT_CODES", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return dot_products()
 
 
 def codes_fit(codes: torch.Tensor) -> bool:
