@@ -121,7 +121,9 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
         copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k)))
         int8_packed = [int8_native.pack(_Weight(n, k, gen)) for _ in range(copies)]
         six_copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k * 3 // 4)))
-        six_packed = [int8_native.pack(_Weight(n, k, gen, True)) for _ in range(six_copies)]
+        six_packed = [
+            int8_native.pack(_Weight(n, k, gen, True), code_bits=6) for _ in range(six_copies)
+        ]
         int4_packed = []
         if with_int4:
             int4_copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k // 2)))

@@ -143,3 +143,43 @@ def test_row_does_not_depend_on_other_rows(int4_gemm: Gemm) -> None:
         others = (torch.randn(m, k, generator=gen) * 1e3).to(torch.bfloat16)
         others[m // 2] = row[0]
         assert torch.equal(_call(int4_gemm, others, packed)[m // 2], alone[0])
+
+
+def test_inputs_within_a_group_span_magnitudes(int4_gemm: Gemm) -> None:
+    """Each row's groups become 16-bit integers times a power of two: an outlier beside tiny
+    inputs, a zero group and inputs near the smallest normals stay close to float64."""
+    n, k, gs = 64, 256, 32
+    weight = _weight(n, k, gs, seed=4)
+    packed = pack(weight)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, k, generator=gen) * 1e-3
+    x[0, 3] = 3000.0  # one outlier in the first group
+    x[1, :gs] = 0.0  # a zero group
+    x[2] *= 1e-30  # every group far below 1
+    x[3, gs : 2 * gs] *= 1e-34  # one group of tiny inputs beside ordinary ones
+    x = x.to(torch.bfloat16)
+    ref = x.double() @ weight.dequantize(torch.float64).T
+    y = _call(int4_gemm, x.float(), packed)
+    for m in range(4):
+        assert float((y[m].double() - ref[m]).norm() / ref[m].norm()) < 1e-3, m
+        assert torch.equal(_call(int4_gemm, x[m : m + 1].float(), packed)[0], y[m])
+
+
+def test_a_non_finite_input_makes_only_its_row_nan(int4_gemm: Gemm) -> None:
+    n, k = 40, 256
+    packed = pack(_weight(n, k, 32, seed=6))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+    clean = _call(int4_gemm, x, packed)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        dirty = x.clone()
+        dirty[1, 70] = bad
+        y = _call(int4_gemm, dirty, packed)
+        assert torch.isnan(y[1]).all(), bad
+        assert torch.equal(y[0], clean[0]) and torch.equal(y[2], clean[2])
+
+
+def test_groups_above_the_integer_sums_range_are_refused(int4_gemm: Gemm) -> None:
+    k = 8192  # one group of 8192 inputs: its integer sum could pass 2^31
+    packed = pack(_weight(16, k, k, seed=8))
+    with pytest.raises(RuntimeError, match="group_size 8192 is above 4096"):
+        _call(int4_gemm, torch.randn(2, k).to(torch.bfloat16), packed)

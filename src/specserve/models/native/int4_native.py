@@ -2,17 +2,20 @@
 
 ``y = x @ w.T`` with bf16 (or fp32) activations ``x # [M, K]`` and the group-quantised weights
 of :class:`~specserve.models.quant.int4_weight.Int4Weight` (``w[n, k] = q[n, k] * scale[n, g] +
-minimum[n, g]``, ``g = k // group_size``). The activations are not quantised: the kernel
-turns each code into the bf16 number ``128 + q`` (bit pattern ``0x4300 | q``), multiplies it
-with ``x`` exactly (``vdpbf16ps`` on AVX-512 BF16 CPUs; on AVX2 CPUs both become fp32 and meet
-in FMAs), sums in fp32 and folds the offset into the group's bias: with the midpoint
-``c = minimum + 7.5·scale``,
-``y = Σ_g scale·dot(128 + q, x) + (c − 135.5·scale)·Σ_g x``. That arithmetic is exact up to
-fp32 rounding; ``scale`` and ``c`` are stored as fp16 (after a per-row power-of-two
-normalisation), which costs ~2e-4 relative error on the outputs, well under the bf16 rounding
-of the result (the torch int4 kernel keeps bf16 scales: ~8x coarser).
+minimum[n, g]``, ``g = k // group_size``). On AVX-512 BF16 CPUs the activations are not
+quantised: the kernel turns each code into the bf16 number ``128 + q`` (bit pattern
+``0x4300 | q``), multiplies it with ``x`` exactly (``vdpbf16ps``), sums in fp32 and folds the
+offset into the group's bias: with the midpoint ``c = minimum + 7.5·scale``,
+``y = Σ_g scale·dot(128 + q, x) + (c − 135.5·scale)·Σ_g x``. On AVX2 CPUs each row's group of
+bf16 inputs is written as 16-bit integers times a power of two ``dx`` (the group's largest
+input lies in [2^14, 2^15)·dx, so every input within 2^7 of it is exact and the others are off
+by at most 2^-16 of it), and ``dot(q, xq)`` is an exact integer sum (``vpmaddwd``):
+``y = Σ_g scale·dx·dot(q, xq) + (c − 7.5·scale)·Σ_g x``. Both are exact up to fp32 rounding
+(and on AVX2 that last bit of the small inputs); ``scale`` and ``c`` are stored as fp16 (after
+a per-row power-of-two normalisation), which costs ~2e-4 relative error on the outputs, well
+under the bf16 rounding of the result (the torch int4 kernel keeps bf16 scales: ~8x coarser).
 
-Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
+Batch invariance: every output ``(m, n)`` runs the same operations in the same order
 whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
 split the output columns only, with torch's intra-op pool), so a ``k + 1``-row verify gives bit
 for bit what a 1-row decode gives.

@@ -58,6 +58,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -103,8 +104,9 @@ struct Problem {
   const uint8_t* qweight;  // [ntiles, K / 8 (+ ngroups), 64]
   const uint16_t* scales;  // fp16 bits [ntiles, ngroups, 2, 16]; nullptr when inline
   const float* row_scale;  // [ntiles * 16]
-  const uint32_t* xi;      // AVX-512: bf16 pairs of x, row-block interleaved (interleave_pairs)
-  const float* xf;         // AVX2: x in fp32, row-block interleaved (interleave_rows_f32)
+  const uint32_t* xi;      // pairs of x, row-block interleaved (interleave_pairs): AVX-512
+                           // bf16 pairs; AVX2 int16 pairs of x in steps of dx (quantise_rows)
+  const float* dx;         // AVX2: [M, ngroups] each row's group step (a power of two)
   const float* xsum;       // [M, ngroups]
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
@@ -264,40 +266,72 @@ void run_range(const Problem& p, int64_t begin, int64_t end) {
 #ifdef SPECSERVE_INT4_AVX2
 // ---- AVX2 / FMA / F16C variant ------------------------------------------------------------
 //
-// Same layout, same fold of the offset. A ymm register holds 8 fp32 lanes, so a tile of 16
-// rows is two halves: the first 32 bytes of a 64-byte block are rows 0-7 (L = 0, 1), the last
-// 32 rows 8-15 (L = 2, 3). In each 128-bit lane of a half, 32-bit element t of the
-// vpunpck{l,h}bw(lo|hi, 0x43) words is row 4L + t and holds the bf16 pair
-// (128 + q[row, k], 128 + q[row, k + 1]); `element << 16` is fp32 128 + q[row, k] and
-// `element & 0xFFFF0000` is fp32 128 + q[row, k + 1] (both exact). So a block yields, per half,
-// the 8 vectors of inputs k0 .. k0 + 7 (lane i = row i), each FMA'd with the broadcast fp32
-// activation (bf16 x << 16, exact). Per output (m, n):
+// Same layout. A ymm register holds 8 32-bit lanes, so a tile of 16 rows is two halves: the
+// first 32 bytes of a 64-byte block are rows 0-7 (L = 0, 1), the last 32 rows 8-15 (L = 2, 3).
+// In each 128-bit lane of a half, 32-bit element t of vpunpck{l,h}bw(lo|hi, 0) is row 4L + t
+// and holds the int16 pair (q[row, k], q[row, k + 1]): with an operand holding the pair
+// (xq[k], xq[k + 1]) in every 32-bit lane, one vpmaddwd gives each of 8 rows the exact sum
+// q[row, k] xq[k] + q[row, k + 1] xq[k + 1].
+//
+// The activations run as integers, exactly where it matters: each row's group of G bf16
+// inputs is written xq[k] dx[m, g] with dx a power of two such that the group's largest
+// |x| lies in [2^14, 2^15) dx; xq = x / dx rounded to nearest even, an int16 (at most 32640).
+// A bf16 input carries 8 significant bits, so every input within 2^7 of its group's largest
+// is exact; smaller ones are off by at most 2^-16 of the largest. Per output (m, n):
 //   for each group g:
-//     a0 = a1 = 0
-//     for each pair of inputs (k, k + 1) of the group, k even, in increasing order:
-//       a0 = fma(128 + q[n, k], x[m, k], a0);  a1 = fma(128 + q[n, k + 1], x[m, k + 1], a1)
-//     y = fma(s, a0 + a1, y);  y = fma(fma(s, -135.5, c), xsum[m, g], y)
+//     isum = sum over k of q[n, k] * xq[m, k]            (int32, exact: at most 15 * 32640 G)
+//     y = fma(s * dx[m, g], float(isum), y);  y = fma(fma(s, -7.5, c), xsum[m, g], y)
 //   out = y * row_scale          (bf16 outputs: rounded to nearest even)
-// Products and sums are fp32 (vdpbf16ps's pairwise sum is not reproduced, so the variants
-// agree only to rounding). The kernels differ only in how many tiles, halves and rows they
-// interleave (8 - 10 independent accumulators: 4 cycles of FMA latency at 2 FMAs per cycle).
-// Measured here (Zen 3, 2 cores): the decode's shifts / unpacks share ports with the FMAs, so
-// one row costs ~20 cycles per 64-byte block (~15-19 GB/s over 2 cores), each further row of
-// a verify ~12 more (FMA-bound: 16 FMAs per row and block).
+// (w = (q - 7.5) s + c.) The sum is exact and the same whatever the order, so the kernels
+// differ only in how many tiles, halves and rows they interleave; the variants agree to
+// rounding (the AVX-512 one multiplies bf16 x as it is). G is at most kMaxGroupI16 (isum below
+// 2^31). The earlier form of this loop (codes and inputs as fp32, two FMAs per pair of inputs,
+// five instructions per pair and row against three here) was compute bound on a Zen 3 host at
+// ~19 GB/s for one row; this one reads 1.3-1.4x faster at one row and 1.2-1.3x at five
+// (`python benchmarks/int8_group_kernel.py`, docs/benchmarks.md).
 
-// xf: for the row block [m0, m0 + rows), x in fp32 with its rows interleaved (x[m0 + r, k] at
-// xf[m0 * K + k * rows + r]), so one pointer and constant offsets reach every row's broadcast
-// operand.
-void interleave_rows_f32(const uint16_t* x, float* xf, int64_t M, int64_t K) {
-  for (int64_t i = 0; i < num_row_blocks(M); ++i) {
-    const int64_t m0 = block_start(M, i), rows = block_start(M, i + 1) - m0;
-    float* dst = xf + m0 * K;
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint16_t* src = x + (m0 + r) * K;
-      for (int64_t k = 0; k < K; ++k) {
-        const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
-        std::memcpy(dst + k * rows + r, &bits, sizeof(bits));
+constexpr int64_t kMaxGroupI16 = 4096;  // 4096 * 15 * 32640 < 2^31
+
+// Each row's groups in the integer form above: dx [M, ngroups], and xq as int16 pairs,
+// pairs[m * K / 2 + j] = (xq[m, 2j] in the low half, xq[m, 2j + 1] in the high one). A group
+// holding a NaN or an infinity gets dx = NaN (its row's outputs are NaN, as an fp32 product's
+// would be); one whose scale 2^(15 - e) is not a normal float (|x| below 2^-112) is all zero.
+void quantise_rows(const uint16_t* x, uint32_t* pairs, float* dx, int64_t M, int64_t K,
+                   int64_t G) {
+  const int64_t ngroups = K / G;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const uint16_t* xg = x + m * K + g * G;
+      uint32_t* pg = pairs + (m * K + g * G) / 2;
+      __m256 vmax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+      for (int64_t k = 0; k < G; k += 8) {
+        const __m256 v = specserve_native::load_bf16x8(xg + k);
+        vmax = _mm256_max_ps(vmax, _mm256_and_ps(v, abs_mask));
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
       }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, vmax);
+      const float amax = *std::max_element(lanes, lanes + 8);
+      int e = 0;
+      std::frexp(amax, &e);  // amax < 2^e (e = 0 for amax = 0)
+      const int shift = 15 - e;
+      const bool finite = _mm256_movemask_ps(unordered) == 0 && std::isfinite(amax);
+      if (!finite || shift > 127) {
+        std::fill(pg, pg + G / 2, 0u);
+        dx[m * ngroups + g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      // x * 2^shift is exact; the conversion rounds to nearest even (the default MXCSR mode)
+      const __m256 scale = _mm256_set1_ps(std::ldexp(1.0f, shift));
+      for (int64_t k = 0; k < G; k += 8) {
+        const __m256 v = _mm256_mul_ps(specserve_native::load_bf16x8(xg + k), scale);
+        const __m256i q = _mm256_cvtps_epi32(v);
+        const __m128i packed =
+            _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(pg + k / 2), packed);
+      }
+      dx[m * ngroups + g] = std::ldexp(1.0f, -shift);
     }
   }
 }
@@ -338,17 +372,14 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
 }
 
 // Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
-// m0: the canonical arithmetic above. The loop over the 4 input pairs c of a block is
-// outermost, so consecutive FMAs of one accumulator are 2 * NT * NH * MR FMAs apart (8 or
-// more: the 4-cycle FMA latency is hidden in program order, not left to the out-of-order
-// window); each (tile, half, c) re-derives its words from the block (an L1 load) so that only
-// the accumulators stay live. kInline as in the AVX-512 kernel.
+// m0: the arithmetic above. The loop over the 4 input pairs c of a block is outermost; each
+// (tile, half) keeps its code vector of the block's low or high nibbles in a register, and
+// the int32 sums are the only other live values besides y. kInline as in the AVX-512 kernel.
 template <int NT, int NH, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i exp_byte = _mm256_set1_epi8(0x43);
-  const __m256i high_words = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  const __m256 offset = _mm256_set1_ps(-135.5f);  // -(128 + 7.5)
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256 offset = _mm256_set1_ps(-7.5f);
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
 
@@ -360,9 +391,14 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
   }
   const float* xs[MR];
+  const float* dxs[MR];
 #pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  const float* xk = p.xf + m0 * p.K;  // x[m0 + m, k] at xk[k * MR + m]
+  for (int m = 0; m < MR; ++m) {
+    xs[m] = p.xsum + (m0 + m) * p.ngroups;
+    dxs[m] = p.dx + (m0 + m) * p.ngroups;
+  }
+  const int32_t* xk = reinterpret_cast<const int32_t*>(p.xi + m0 * p.K / 2);
+  // (xq[m0 + m, k], xq[m0 + m, k + 1]) at xk[k / 2 * MR + m]
 
   __m256 y[NT][NH][MR];
 #pragma GCC unroll 16
@@ -373,16 +409,13 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
       for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
-    __m256 a0[NT][NH][MR], a1[NT][NH][MR];  // even / odd inputs
+    __m256i acc[NT][NH][MR];
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t)
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h)
 #pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) {
-          a0[t][h][m] = _mm256_setzero_ps();
-          a1[t][h][m] = _mm256_setzero_ps();
-        }
+        for (int m = 0; m < MR; ++m) acc[t][h][m] = _mm256_setzero_si256();
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
 #pragma GCC unroll 2
       for (int nib = 0; nib < 2; ++nib) {  // low nibbles: k0 .. k0 + 3, high: k0 + 4 .. k0 + 7
@@ -397,29 +430,25 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           }
 #pragma GCC unroll 2
         for (int c = 2 * nib; c < 2 * nib + 2; ++c) {  // inputs k0 + 2c, k0 + 2c + 1
+          __m256i xp[MR];
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m) xp[m] = _mm256_set1_epi32(xk[c * MR + m]);
 #pragma GCC unroll 16
           for (int t = 0; t < NT; ++t) {
 #pragma GCC unroll 2
             for (int h = 0; h < NH; ++h) {
-              const __m256i z = c % 2 == 0 ? _mm256_unpacklo_epi8(v[t][h], exp_byte)
-                                           : _mm256_unpackhi_epi8(v[t][h], exp_byte);
-              const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(z, 16));
-              const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(z, high_words));
+              const __m256i z = c % 2 == 0 ? _mm256_unpacklo_epi8(v[t][h], zero)
+                                           : _mm256_unpackhi_epi8(v[t][h], zero);
 #pragma GCC unroll 16
               for (int m = 0; m < MR; ++m)
-                a0[t][h][m] = _mm256_fmadd_ps(even, _mm256_broadcast_ss(xk + 2 * c * MR + m),
-                                              a0[t][h][m]);
-#pragma GCC unroll 16
-              for (int m = 0; m < MR; ++m)
-                a1[t][h][m] = _mm256_fmadd_ps(
-                    odd, _mm256_broadcast_ss(xk + (2 * c + 1) * MR + m), a1[t][h][m]);
+                acc[t][h][m] = _mm256_add_epi32(acc[t][h][m], _mm256_madd_epi16(z, xp[m]));
             }
           }
         }
       }
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) w[t] += kBlockBytes;
-      xk += kBlockK * MR;
+      xk += kBlockK / 2 * MR;
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
@@ -435,8 +464,8 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
         const __m256 bias = _mm256_fmadd_ps(s, offset, mid);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
-          const __m256 d = _mm256_add_ps(a0[t][h][m], a1[t][h][m]);
-          y[t][h][m] = _mm256_fmadd_ps(s, d, y[t][h][m]);
+          const __m256 step = _mm256_mul_ps(s, _mm256_broadcast_ss(dxs[m] + g));
+          y[t][h][m] = _mm256_fmadd_ps(step, _mm256_cvtepi32_ps(acc[t][h][m]), y[t][h][m]);
           y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
@@ -776,12 +805,18 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     xip = xi.data();
   }
   p.xi = xip;
-  p.xf = nullptr;
+  p.dx = nullptr;
 #else
-  std::vector<float> xf(static_cast<size_t>(quantised ? 0 : M * K));
-  if (!quantised) interleave_rows_f32(x, xf.data(), M, K);
-  p.xi = nullptr;
-  p.xf = xf.data();
+  STD_TORCH_CHECK(quantised || w.group_size <= kMaxGroupI16, "int4 kernel (", kVariant,
+                  "): group_size ", w.group_size, " is above ", kMaxGroupI16);
+  std::vector<uint32_t> pairs(static_cast<size_t>(quantised ? 0 : M * K / 2)), xi(pairs.size());
+  std::vector<float> dxr(static_cast<size_t>(quantised ? 0 : M * ngroups));
+  if (!quantised) {
+    quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
+    specserve_native::interleave_pairs(pairs.data(), xi.data(), M, K / 2, kMaxRows);
+  }
+  p.xi = xi.data();
+  p.dx = dxr.data();
   std::vector<int8_t> xq(static_cast<size_t>(quantised ? K : 0));
   std::vector<float> dx(static_cast<size_t>(quantised ? ngroups : 0));
   std::vector<int32_t> qsum(dx.size());
