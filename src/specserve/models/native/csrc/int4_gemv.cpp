@@ -529,13 +529,13 @@ void run_range(const Problem& p, int64_t begin, int64_t end) {
 
 // ---- AVX2, one row of x quantised to 8 bits (a draft model's one-token calls) ------------
 //
-// The kernels above spend most of their instructions turning codes into fp32 (the FMAs are a
-// third of them), so one row reads the weights at about half of what memory delivers. A draft
-// model's proposals need neither batch invariance nor the exact arithmetic (the target checks
-// every token), so where the caller allows it (PackedWeight::tiles has kQuantisedX) a one-row
-// call quantises x to int8 per group, as llama.cpp's AVX2 path does for its dot products, and
-// multiplies the codes with vpmaddubsw: 16-bit sums of two code x input products, 4 cycles of
-// integer work per 64-byte block instead of ~20. Per output n:
+// The kernels above keep every input's 16 bits and multiply 16 code-input pairs per
+// instruction (vpmaddwd), so one row still reads the weights below what memory delivers. A
+// draft model's proposals need neither batch invariance nor the exact arithmetic (the target
+// checks every token), so where the caller allows it (PackedWeight::tiles has kQuantisedX) a
+// one-row call quantises x to int8 per group, as llama.cpp's AVX2 path does for its dot
+// products, and multiplies the codes with vpmaddubsw: 16-bit sums of two code x input
+// products, 32 pairs per instruction. Per output n:
 //   dx[g] = max |x_g| / 127;  xq[k] = round(x[k] / dx[g])   (int8, |xq| <= 127)
 //   for each group g:  isum = sum_k q[n, k] * xq[k] - 8 * sum_k xq[k]   (exact: int16 partial
 //                      sums of at most 4 blocks, 4 x 2 x 15 x 127 < 2^15, then int32)
