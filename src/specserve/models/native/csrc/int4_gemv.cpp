@@ -287,7 +287,7 @@ void run_range(const Problem& p, int64_t begin, int64_t end) {
 // rounding (the AVX-512 one multiplies bf16 x as it is). G is at most kMaxGroupI16 (isum below
 // 2^31). The earlier form of this loop (codes and inputs as fp32, two FMAs per pair of inputs,
 // five instructions per pair and row against three here) was compute bound on a Zen 3 host at
-// ~19 GB/s for one row; this one reads 1.3-1.4x faster at one row and 1.2-1.3x at five
+// ~19 GB/s for one row; this one reads 1.3-1.4x faster at one row and 1.1-1.7x at five
 // (`python benchmarks/int8_group_kernel.py`, docs/benchmarks.md).
 
 constexpr int64_t kMaxGroupI16 = 4096;  // 4096 * 15 * 32640 < 2^31
