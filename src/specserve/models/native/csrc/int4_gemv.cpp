@@ -809,13 +809,14 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #else
   STD_TORCH_CHECK(quantised || w.group_size <= kMaxGroupI16, "int4 kernel (", kVariant,
                   "): group_size ", w.group_size, " is above ", kMaxGroupI16);
-  std::vector<uint32_t> pairs(static_cast<size_t>(quantised ? 0 : M * K / 2)), xi(pairs.size());
+  std::vector<uint32_t> pairs(static_cast<size_t>(quantised ? 0 : M * K / 2)), xi;
   std::vector<float> dxr(static_cast<size_t>(quantised ? 0 : M * ngroups));
-  if (!quantised) {
-    quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
+  if (!quantised) quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
+  if (M > 1) {  // one row is its own interleaving
+    xi.resize(pairs.size());
     specserve_native::interleave_pairs(pairs.data(), xi.data(), M, K / 2, kMaxRows);
   }
-  p.xi = xi.data();
+  p.xi = M > 1 ? xi.data() : pairs.data();
   p.dx = dxr.data();
   std::vector<int8_t> xq(static_cast<size_t>(quantised ? K : 0));
   std::vector<float> dx(static_cast<size_t>(quantised ? ngroups : 0));
