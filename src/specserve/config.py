@@ -7,7 +7,10 @@ bench/tune specs) are pydantic models elsewhere and are converted into these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    import torch
 
 DType = Literal["float32", "bfloat16", "float16"]
 WeightFormat = Literal["fp32", "bf16", "int8", "int4", "gguf"]
@@ -22,6 +25,35 @@ HEAD_METHODS: tuple[SpecMethod, ...] = ("eagle", "medusa")
 
 
 QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4", "gguf")
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, if this process can use it.
+
+    Raises:
+        ValueError: a malformed device string, or one this torch build or machine lacks
+            (a CUDA device where torch sees none, an index past the last GPU).
+    """
+    import torch  # here: the configuration is read by processes that never load torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"invalid device {device!r}: {exc}") from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r}: only cpu and cuda devices are supported")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"device {device!r}: torch {torch.__version__} ({build}) sees no CUDA device; "
+            "use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ValueError(f"device {device!r}: this machine has {count} CUDA device(s)")
+    return dev
 
 
 def resolve_dtype(
@@ -78,6 +110,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a non-empty name or path")
+        check_device(self.device)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

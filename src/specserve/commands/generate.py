@@ -50,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="compute dtype; auto: bfloat16 for int8/int4/gguf or bf16 weights (the native CPU "
         "kernels' dtype), else float32",
     )
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     add_weight_format_args(
         p, "the target's weight format (int8/int4: weight-only, --dtype activations)"
     )
@@ -134,12 +135,14 @@ def run(args: argparse.Namespace) -> int:
             draft_confidence_threshold=args.draft_confidence_threshold,
         )
         if args.weights is None:
-            args.weights = default_weights(args.model, "cpu", args.dtype)
-        dtype_name, warning = resolve_dtype(args.dtype, args.weights, args.draft_weights)
+            args.weights = default_weights(args.model, args.device, args.dtype)
+        dtype_name, warning = resolve_dtype(
+            args.dtype, args.weights, args.draft_weights, args.device
+        )
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
         dtype = torch_dtype(dtype_name)
-        target = load_in_format(args.model, args.weights, dtype)
+        target = load_in_format(args.model, args.weights, dtype, args.device)
         tok = target.tokenizer
         prompt_ids = (
             tok.encode_chat([{"role": "user", "content": args.prompt}])
@@ -154,15 +157,16 @@ def run(args: argparse.Namespace) -> int:
                 from specserve.engine.builder import load_head
 
                 assert spec.draft_model is not None
-                head = load_head(spec.method, spec.draft_model, target.model, "cpu")
+                head = load_head(spec.method, spec.draft_model, target.model, args.device)
             if spec.uses_draft_model:
                 assert spec.draft_model is not None
                 draft_lm = load_in_format(
                     spec.draft_model,
                     draft_format(
-                        args.draft_weights, args.weights, spec.draft_model, "cpu", args.dtype
+                        args.draft_weights, args.weights, spec.draft_model, args.device, args.dtype
                     ),
                     dtype,
+                    args.device,
                 )
                 check_vocab_compatible(
                     target.arch.vocab_size, draft_lm.arch.vocab_size, tok, draft_lm.tokenizer

@@ -78,6 +78,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "weights and PyTorch's matmuls, faster for many rows at once on CPUs without AVX-512 "
         "BF16 but about 4 GiB more memory for the 1.5B)",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device the target generates on and the head trains on (cpu, cuda, cuda:1)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=32, help="replies generated at once")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument(
@@ -128,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             weights=args.weights,
             dtype=args.dtype,
+            device=args.device,
             work=args.work,
             resume=args.resume,
             max_num_seqs=args.max_num_seqs,

@@ -179,6 +179,7 @@ def build_engine(config: EngineConfig) -> LLMEngine:
         info = {
             "weights": formats[role] or config.model.dtype,
             "dtype": str(model.dtype).removeprefix("torch."),
+            "device": str(model.device),
             "decode_path": fused_layer.describe(model),
         }
         engine.model_info.update({f"{role}_{key}": value for key, value in info.items()})

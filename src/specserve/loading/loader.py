@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from specserve.config import check_device
 from specserve.loading import weight_cache
 from specserve.loading.catalog import CATALOG
 from specserve.loading.errors import ModelNotFoundError
@@ -192,8 +193,9 @@ def load_model(
         CorruptModelError: unreadable or truncated files.
         InsufficientMemoryError: the weights would not fit on ``device``.
         TransportError: a catalog download failed verification.
+        ValueError: ``device`` is not one this process can use.
     """
-    dev = torch.device(device)
+    dev = check_device(device)
     weight_cache.dtype_name(dtype)  # validates the dtype early
     name = str(spec)
     kind, path = resolve_source(name)

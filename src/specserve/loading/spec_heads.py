@@ -66,8 +66,18 @@ def check_head_fits(what: str, head_value: object, target_value: object, head: s
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low, middle and high target layers, as vLLM picks them by default."""
-    return (2, num_layers // 2, num_layers - 3)
+    """EAGLE-3's low, middle and high target layers: vLLM's default (2, n // 2, n - 3) where
+    those are three distinct layers (n >= 7); below that the input of layer 0, of layer
+    n // 2 and the final output (id n), so that small targets can carry a head too.
+
+    Raises:
+        ValueError: a target of fewer than two layers.
+    """
+    if num_layers >= 7:
+        return (2, num_layers // 2, num_layers - 3)
+    if num_layers < 2:
+        raise ValueError(f"an EAGLE-3 head needs a target of >= 2 layers, not {num_layers}")
+    return (0, num_layers // 2, num_layers)
 
 
 @dataclass(frozen=True)

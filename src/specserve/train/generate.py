@@ -137,8 +137,8 @@ def target_tokens(
     out[0] = ids[0]
     with torch.no_grad():
         for start in range(0, final.shape[0], chunk):
-            rows = final[start : start + chunk].to(lm_head.dtype)
-            out[start + 1 : start + 1 + rows.shape[0]] = (rows @ lm_head.T).argmax(-1)
+            rows = final[start : start + chunk].to(lm_head.device, lm_head.dtype)
+            out[start + 1 : start + 1 + rows.shape[0]] = (rows @ lm_head.T).argmax(-1).cpu()
     return out
 
 
@@ -243,7 +243,7 @@ def generate_training_data(
                 if out.hidden_states is None or len(out.hidden_states) != len(ids) - 1:
                     logger.warning("conversation %s: no hidden states recorded", cid)
                     continue
-                hidden = out.hidden_states.to(torch.bfloat16)  # a copy, half the size
+                hidden = out.hidden_states.to("cpu", torch.bfloat16)  # a copy, half the size
                 if cid in reply_start:  # drop the one generated token; label every position
                     ids, hidden = prompts[cid], hidden[: len(prompts[cid]) - 1]
                     assert lm_head is not None

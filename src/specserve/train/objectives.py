@@ -61,9 +61,9 @@ def init_eagle3(head: Eagle3Head, target: DecoderLM, lm_head: torch.Tensor) -> N
     hidden]``) rows for its draft vocabulary (set ``head``'s vocabulary map first); the rest
     keeps PyTorch's init, with ``fc`` scaled to keep the combined hidden state near the
     target's scale."""
-    ids = head.target_ids(torch.arange(head.cfg.draft_vocab_size))
+    ids = head.target_ids(torch.arange(head.cfg.draft_vocab_size, device=head.d2t.device))
     with torch.no_grad():
-        head.lm_head.weight.copy_(lm_head[ids].float())
+        head.lm_head.weight.copy_(lm_head[ids.to(lm_head.device)].float())
         head.norm.weight.copy_(target.model.norm.weight.float())
         head.fc.weight.mul_(1.0 / len(head.cfg.aux_layer_ids))
 
@@ -117,9 +117,9 @@ def _labels(
 ) -> torch.Tensor:
     """Draft-vocabulary label of row p: token p + offset, or -100 (not scored) when it is past
     the end, part of the prompt or outside the draft vocabulary."""
-    idx = torch.arange(n_rows) + offset
+    idx = torch.arange(n_rows, device=tokens.device) + offset
     ok = idx < len(tokens)
-    lab = torch.full((n_rows,), -100, dtype=torch.long)
+    lab = torch.full((n_rows,), -100, dtype=torch.long, device=tokens.device)
     tok = tokens[idx[ok]]
     mapped = target_to_draft[tok]
     mapped[idx[ok] < prompt_len] = -100
@@ -155,7 +155,8 @@ def eagle3_loss(
     dtype = head.fc.weight.dtype
     with torch.no_grad():
         embeds = embed(tokens[1 : n + 1][None]).to(dtype)  # token p + 1, [1, n, H]
-    positions = torch.arange(n)[None]
+    dev = hidden.device
+    positions = torch.arange(n, device=dev)[None]
     cos, sin = head.rotary(positions, dtype)
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
     e_norm = layer.input_layernorm(embeds)
@@ -164,9 +165,9 @@ def eagle3_loss(
     hidden_in = head.combine(hidden)[None]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    p = torch.arange(n).view(n, 1)
-    j = torch.arange(n).view(1, n)
-    total = torch.zeros(())
+    p = torch.arange(n, device=dev).view(n, 1)
+    j = torch.arange(n, device=dev).view(1, n)
+    total = torch.zeros((), device=dev)
     scores = StepScores.empty(ttt_steps)
     for s in range(ttt_steps):
         normed = layer.hidden_norm(hidden_in)
@@ -219,7 +220,7 @@ def medusa_loss(
     n, k = hidden.shape[0], heads.cfg.num_heads
     out = heads(hidden.float())  # [n, K, H]
     logits = out @ lm_rows.T  # [n, K, Vd]
-    total = torch.zeros(())
+    total = torch.zeros((), device=hidden.device)
     scores = StepScores.empty(k)
     for i in range(k):
         lab = _labels(tokens if targets is None else targets, prompt_len, 2 + i, n, target_to_draft)

@@ -70,6 +70,7 @@ class TrainDraftOptions:
     max_tokens: int = 160
     weights: str | None = None
     dtype: str = "bfloat16"
+    device: str = "cpu"  # where the target generates and the head trains
     work: Path | None = None
     resume: bool = False
     max_num_seqs: int = 32
@@ -124,6 +125,10 @@ def target_lm_head(model: DecoderLM) -> torch.Tensor:
         return model.compute_logits(torch.eye(h, dtype=model.dtype)).T.contiguous()
 
 
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
 def recorded_layers(num_layers: int) -> tuple[int, ...]:
     """The hidden states one generation records: EAGLE-3's three, then the final output."""
     return (*default_aux_layer_ids(num_layers), num_layers)
@@ -161,8 +166,8 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     t0 = time.perf_counter()
     # The format `serve` would run the target in: a quantised GGUF's blocks as stored
     # (`gguf`) unless fp32 is asked for, so the head learns the hidden states it will read.
-    weights = opts.weights or default_format(opts.model, "cpu", opts.dtype)
-    target = load_in_format(opts.model, weights, torch_dtype(opts.dtype))  # type: ignore[arg-type]
+    weights = opts.weights or default_format(opts.model, opts.device, opts.dtype)
+    target = load_in_format(opts.model, weights, torch_dtype(opts.dtype), opts.device)  # type: ignore[arg-type]
     timings["load_s"] = time.perf_counter() - t0
     arch = target.arch
     layers = recorded_layers(arch.num_layers)
@@ -184,7 +189,8 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
 
     t1 = time.perf_counter()
     vocab = _vocab(opts, target, seqs)
-    target_to_draft = target_to_draft_map(vocab, arch.vocab_size)
+    dev = target.model.device
+    target_to_draft = target_to_draft_map(vocab, arch.vocab_size).to(dev)
     h = arch.hidden_size
     torch.manual_seed(opts.train.seed)
     module: torch.nn.Module
@@ -198,6 +204,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         )  # fmt: skip
         head = Eagle3Head(cfg)
         head.set_vocab_map(vocab)
+        head.to(dev)
         init_eagle3(head, target.model, target_lm_head(target.model))
         head.d2t.requires_grad_(False)
         module, n_steps = head, opts.ttt_steps
@@ -205,22 +212,24 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
 
         def loss_fn(i: int) -> Any:
             s = seqs[i]
-            return eagle3_loss(head, embed, s.tokens, s.hidden[:, : 3 * h].float(),
-                               s.prompt_len, target_to_draft, opts.ttt_steps,
-                               targets=s.targets)  # fmt: skip
+            hidden = s.hidden[:, : 3 * h].to(dev).float()
+            return eagle3_loss(head, embed, s.tokens.to(dev), hidden, s.prompt_len,
+                               target_to_draft, opts.ttt_steps,
+                               targets=_on(s.targets, dev))  # fmt: skip
 
         extra: dict[str, Any] = {"method": "eagle", "config": asdict(cfg), "vocab": vocab.tolist()}
     else:
         mcfg = MedusaConfig(h, arch.vocab_size, opts.medusa_heads, opts.medusa_layers)
-        heads = MedusaHeads(mcfg)
+        heads = MedusaHeads(mcfg).to(dev)
         init_medusa(heads)
-        lm_rows = target_lm_head(target.model)[vocab].float()
+        lm_rows = target_lm_head(target.model)[vocab.to(dev)].float()
         module, n_steps = heads, opts.medusa_heads
 
         def loss_fn(i: int) -> Any:
             s = seqs[i]
-            return medusa_loss(heads, lm_rows, s.tokens, s.hidden[:, 3 * h :],
-                               s.prompt_len, target_to_draft, targets=s.targets)  # fmt: skip
+            hidden = s.hidden[:, 3 * h :].to(dev)
+            return medusa_loss(heads, lm_rows, s.tokens.to(dev), hidden, s.prompt_len,
+                               target_to_draft, targets=_on(s.targets, dev))  # fmt: skip
 
         extra = {"method": "medusa", "config": asdict(mcfg), "vocab": vocab.tolist()}
     eval_idx = list(range(0, len(seqs), EVAL_EVERY))
@@ -256,7 +265,7 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
     )
     if opts.method == "eagle":
         assert isinstance(module, Eagle3Head)
-        tensors = {k: v.detach().to(torch.bfloat16) if v.is_floating_point() else v
+        tensors = {k: v.detach().to("cpu", torch.bfloat16) if v.is_floating_point() else v.cpu()
                    for k, v in module.state_dict().items()}  # fmt: skip
         config = eagle3_head_config(
             module.cfg, verifier=opts.model, verifier_arch=verifier_arch,
@@ -264,8 +273,8 @@ def run_train_draft(opts: TrainDraftOptions, progress: Callable[[str], None] = p
         )  # fmt: skip
     else:
         assert isinstance(module, MedusaHeads)
-        tensors = {k: v.detach().to(torch.bfloat16) for k, v in module.state_dict().items()}
-        tensors["lm_heads.0.weight"] = target_lm_head(target.model).to(torch.bfloat16)
+        tensors = {k: v.detach().to("cpu", torch.bfloat16) for k, v in module.state_dict().items()}
+        tensors["lm_heads.0.weight"] = target_lm_head(target.model).to("cpu", torch.bfloat16)
         config = medusa_head_config(module.cfg, verifier=opts.model)
     write_head(opts.output, config, tensors, training)
     progress(
