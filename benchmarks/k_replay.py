@@ -6,7 +6,9 @@ harder text. This command removes that: for each prompt it decodes the target's 
 then asks the draft, at every position of that text, for its k_max-token greedy draft and
 records how many tokens match (the *run length*) and the draft's top probability for each of
 its tokens (which replays the draft model's confidence stop). It also measures the step costs
-(target forward over 1..k_max + 1 tokens, draft propose time). Replaying a policy on the runs with
+(target forward over 1..k_max + 1 tokens, draft propose time, and the draft's catch-up per
+token when it drafts after 16 plain steps, which the replay charges to every drafting step
+after k = 0 steps, probes included). Replaying a policy on the runs with
 those costs (specserve.spec_decode.replay) gives its decode time on exactly the text plain decoding
 produced. The adaptive controller is replayed over the prompts in order with one shared
 controller, as a server would see them.
@@ -32,9 +34,11 @@ from specserve.config import WEIGHT_FORMATS
 from specserve.dtypes import torch_dtype
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.proposer import CATCH_UP_STEADY
 from specserve.spec_decode.replay import StepCosts, common_prefix, replay
 
 SUITES = ("mini-structured", "mini-open-ended")  # the live benchmark's registry suites
+CATCH_UP_GAP = 16  # committed tokens a timed catch-up covers (a probe after 16 plain steps)
 
 
 def record(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,6 +62,7 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
 
     traces: dict[str, dict[str, Any]] = {}
     propose_s: dict[int, list[float]] = {1: [], kmax: []}
+    catch_up_s: list[float] = []  # per token, over a gap of CATCH_UP_GAP committed tokens
     for suite in args.suites.split(","):
         traces[suite] = {}
         for prompt in get_suite(suite):
@@ -80,6 +85,13 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                 propose_s[kmax].append(time.perf_counter() - t0)
                 runs.append(common_prefix(draft_ids.draft_token_ids, tokens[p + 1 :]))
                 confs.append([round(c, 4) for c in proposer.last_confidences[0]])  # type: ignore[attr-defined]
+            if len(tokens) > CATCH_UP_GAP + 1:  # a 1-token propose after k = 0 steps
+                proposer.release(rid)
+                proposer.prefill(rid, ids)  # type: ignore[attr-defined]
+                proposer.propose([ProposeInput(rid, ids + tokens[:1], 1, params)])
+                t0 = time.perf_counter()
+                proposer.propose([ProposeInput(rid, ids + tokens[: CATCH_UP_GAP + 1], 1, params)])
+                catch_up_s.append(time.perf_counter() - t0)
             proposer.release(rid)
             traces[suite][name] = {"tokens": tokens, "runs": runs, "confidences": confs}
             print(f"{suite:15s} {name:13s} n={len(tokens)} runs={runs}", flush=True)
@@ -100,10 +112,14 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
         verify.append(statistics.median(times))
     p1, pk = statistics.median(propose_s[1]), statistics.median(propose_s[kmax])
     per_token = max(0.0, (pk - p1) / (kmax - 1))
+    # A 1-token propose that first catches up CATCH_UP_GAP tokens, less a steady one, spread
+    # over the tokens beyond the steady catch-up.
+    extra = statistics.median(catch_up_s) - p1 if catch_up_s else 0.0
     costs = {
         "verify_s": verify,
         "draft_base_s": max(0.0, p1 - per_token),
         "draft_token_s": per_token,
+        "catch_up_token_s": max(0.0, extra / (CATCH_UP_GAP - CATCH_UP_STEADY)),
     }
     return {"args": vars(args), "costs": costs, "traces": traces}
 
@@ -113,7 +129,11 @@ def geomean(values: list[float]) -> float:
 
 
 def replay_all(
-    data: dict[str, Any], k_max: int, controller_kwargs: dict[str, Any], threshold: float = 0.0
+    data: dict[str, Any],
+    k_max: int,
+    controller_kwargs: dict[str, Any],
+    threshold: float = 0.0,
+    catch_up_ms: float | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Print the per-prompt table for one confidence threshold; returns, per suite, the
     geomean speedup of the adaptive controller and of the best fixed k."""
@@ -121,12 +141,14 @@ def replay_all(
     # A forward over more tokens never takes less time; the recorded medians can dip (timing
     # noise), which would hand small fixed k a verify cheaper than a plain step.
     verify = [max(c["verify_s"][: t + 1]) for t in range(k_max + 1)]
-    costs = StepCosts(tuple(verify), c["draft_base_s"], c["draft_token_s"])
+    catch_up = c.get("catch_up_token_s", 0.0) if catch_up_ms is None else catch_up_ms / 1000
+    costs = StepCosts(tuple(verify), c["draft_base_s"], c["draft_token_s"], catch_up)
     print(
         "costs: verify "
         + " ".join(f"{1000 * v:.0f}" for v in costs.verify_s)
         + f" ms (1..{k_max + 1} tokens); draft {1000 * costs.draft_base_s:.1f} ms + "
-        f"{1000 * costs.draft_token_s:.1f} ms per token"
+        f"{1000 * costs.draft_token_s:.1f} ms per token, catch-up "
+        f"{1000 * costs.catch_up_token_s:.1f} ms per token after k = 0 steps"
     )
     controller = KController(k_max, confidence_stop=threshold > 0, **controller_kwargs)
     fixed = list(range(1, k_max + 1))
@@ -195,6 +217,12 @@ def main() -> int:
         help="comma-separated draft confidence thresholds to replay (0: no confidence stop)",
     )
     ap.add_argument("--suites", default=",".join(SUITES), help="comma-separated registry suites")
+    ap.add_argument(
+        "--catch-up-ms",
+        type=float,
+        help="a draft's catch-up per committed token after k = 0 steps (default: as recorded; "
+        "0 for traces recorded without it)",
+    )
     args = ap.parse_args()
     if args.traces:
         with open(args.traces) as f:
@@ -206,7 +234,7 @@ def main() -> int:
                 json.dump(data, f)
     k_max = min(args.k_max, len(data["costs"]["verify_s"]) - 1)
     thresholds = [float(t) for t in args.thresholds.split(",")]
-    results = {t: replay_all(data, k_max, {}, t) for t in thresholds}
+    results = {t: replay_all(data, k_max, {}, t, args.catch_up_ms) for t in thresholds}
     if len(thresholds) > 1:
         print("\n| confidence threshold | " + " | ".join(data["traces"]) + " |")
         print("|---|" + "---|" * len(data["traces"]))

@@ -46,35 +46,35 @@ multi-token verify is dear keeps short drafts. Replays of recorded traces
 (``benchmarks/k_replay.py --thresholds``) chose this over the per-position model with the
 same stop, and over always asking for the largest explored k.
 
-k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. Every
-``probe_interval`` plain steps a request probes with a small k so that its acceptance
-estimate can recover (the text may have turned repetitive). A probe after which k = 0 is
-still the best choice doubles that request's interval (up to ``max_probe_backoff`` times);
-one after which drafting pays resets it. On prose, where an n-gram proposer's rare matches
-are rarely right, each probe paid a multi-token verify for nothing, and a fixed interval
-kept paying it. Where drafting does not pay although its drafts are accepted (a CPU whose
-multi-token steps are compute bound), a probe pays that verify and a draft model's catch-up
-over every token since its last draft, and teaches nothing the estimates did not know: an
-earlier rule, which reset the interval after any accepted draft, kept paying both every
-``probe_interval`` steps and put the adaptive arm 6-17 % below plain there
-(docs/benchmarks.md, the AMX host).
+k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. A request whose first
+decode step would be plain drafts one token there (a *start probe*: a draft model ran the
+prompt while the target prefilled it, so this costs a draft forward and a 2-token verify),
+so each request, a structured one after a run of prose too, gets its own look. Then every
+``probe_interval`` plain steps times the request's backoff factor it probes with a small k
+so that its estimates can recover (the text may have turned repetitive). A probe after which
+k = 0 is still best doubles the factor (up to ``max_probe_backoff``), one after which
+drafting pays resets it to 1, and a new request starts from the factor the latest judged
+probe left. Probes after plain steps are dear: a draft model first catches up over every
+token since its last draft, in forwards of up to 16 rows that are compute bound on a CPU
+(5-7 ms a token for the 0.5B draft on the AVX2 host, 12-14 % of a plain 1.5B step), so a
+longer interval alone does not make them cheaper per token; with the factor reset for each
+request, the open-ended suite's 64-token replies paid two each, 12-14 % of the decode time
+(``benchmarks/engine_steps.py``). An earlier rule, which reset the interval after any
+accepted draft, put the adaptive arm 6-17 % below plain (docs/benchmarks.md, AMX host).
 
 Step sizes are explored before they are trusted: k is capped so that a step is at most twice
-the largest size already timed (a request's k + 1 tokens times the batch size). Before any
-multi-token step is timed the cost of one is the prior's guess (+2 % per token), which on a
-CPU, where each extra verify token costs 10-20 %, made a 9-token verify look almost free; a
-fresh controller's first drafts then paid 2-3 plain steps each on a text whose drafts were
-rejected. The cap reaches k = 8 within three drafting steps when drafts are accepted.
+the largest size already timed (a request's k + 1 tokens times the batch size). The prior's
+guess for an untimed step (+2 % per token) made a 9-token verify look almost free on a CPU,
+where each extra token costs 10-20 %, and a fresh controller's first rejected drafts paid 2-3
+plain steps each. The cap reaches k = 8 within three drafting steps when drafts are accepted.
 
 A drafting request reaches further now and then: every ``probe_interval`` steps with k > 0 it
-asks once for 2k + 1 drafts (a step twice the size of its choice, within the explored k: a
-reach probe), so the step sizes above its choice get timed again. Sizes are costed from
-their own timings, which a step of that size alone refreshes, and beyond the largest timed
+asks once for 2k + 1 drafts (within the explored k: a reach probe), so the sizes above its
+choice get timed again. Sizes are costed from their own timings and beyond the largest timed
 size along the slope of the two largest: one step timed slow by a busy machine, or a draft
 that stopped early while the estimates were young, otherwise kept a larger k looking dear
-and never timed, and the request went on drafting 1-3 tokens a step where 6 are accepted
-(``test_a_reach_probe_frees_k_from_a_stale_slow_timing``; a lock of that kind was seen in
-two of five speculative arms on the AVX2 host, docs/benchmarks.md).
+and never timed, and the request drafted 1-3 tokens a step where 6 are accepted
+(``test_a_reach_probe_frees_k_from_a_stale_slow_timing``; seen on the AVX2 host).
 
 Plain decoding is the yardstick, so its cost is measured before anything is compared with
 it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
@@ -93,9 +93,7 @@ from specserve.spec_decode import verify_costs
 from specserve.spec_decode.decayed_counts import ConfidenceCounts, PrefixCounts
 
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
-_PRIOR_CONFIDENT = 0.8
-_PRIOR_ACCEPT_CONFIDENT = 0.8
-_PRIOR_ACCEPT_UNSURE = 0.4
+_PRIOR_CONFIDENT, _PRIOR_ACCEPT_CONFIDENT, _PRIOR_ACCEPT_UNSURE = 0.8, 0.8, 0.4
 
 
 @dataclass
@@ -106,6 +104,7 @@ class _RequestState:
     plain_steps: int = 0  # consecutive steps with k = 0
     drafting_steps: int = 0  # steps with k > 0 since the last reach probe
     probe_backoff: int = 1  # the probe interval's current factor
+    started: bool = False  # its first step was chosen (a start probe, drafting or plain)
     probing: bool = False  # the last k chosen was a probe
     judge_probe: bool = False  # a probe was observed: the next choice sets the backoff
 
@@ -121,8 +120,7 @@ class KController:
         decay: per-observation decay of a request's counts (recent steps weigh more).
         global_decay: per-observation decay of the counts over all requests.
         probe_interval: plain steps after which a request tries speculation again.
-        max_probe_backoff: largest factor a request's probe interval grows to after probes
-            whose drafts were all rejected.
+        max_probe_backoff: largest factor of the probe interval (after probes that failed).
         draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
         ema: weight of a new cost measurement in the running averages.
         confidence_stop: the proposer ends each draft after its first unsure token (a draft
@@ -173,6 +171,9 @@ class KController:
         self._global_continuation = PrefixCounts()
         self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
+        # The probe interval's factor a new request starts from: the factor the latest judged
+        # probe of any request left behind (see the module docstring).
+        self._shared_backoff = 1
         self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft forward
         self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
         self._cost_by_size: dict[int, float] | None = None  # batch size * tokens -> s
@@ -193,7 +194,7 @@ class KController:
             )
         if num_drafted == 0:
             return
-        state = self._requests.setdefault(request_id, _RequestState())
+        state = self._state(request_id)
         if state.probing:  # judged at the next choose_k, with this step's counts in
             state.probing = False
             state.judge_probe = True
@@ -232,6 +233,12 @@ class KController:
     def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
         old = table.get(key)
         table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
+
+    def _state(self, request_id: str) -> _RequestState:
+        state = self._requests.get(request_id)
+        if state is None:
+            state = self._requests[request_id] = _RequestState(probe_backoff=self._shared_backoff)
+        return state
 
     def release(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
@@ -358,7 +365,7 @@ class KController:
         """k for this request's next step (0 = plain decoding)."""
         if self.fixed_k is not None:
             return self.fixed_k
-        state = self._requests.setdefault(request_id, _RequestState())
+        state = self._state(request_id)
         state.probing = False
         if not self.plain_cost_measured(batch_size):
             return 0
@@ -366,7 +373,14 @@ class KController:
         if state.judge_probe:
             state.judge_probe = False
             grown = min(2 * state.probe_backoff, self.max_probe_backoff)
-            state.probe_backoff = 1 if k > 0 else grown
+            state.probe_backoff = self._shared_backoff = 1 if k > 0 else grown
+        first, state.started = not state.started, True
+        if first and k == 0 and self.k_max > 0:
+            # A start probe: one draft token at the request's first decode step, while a
+            # draft model's lane holds the whole prompt (no catch-up) and the verify is two
+            # tokens. explored_k >= 1 here (a plain step was timed and k_max > 0).
+            state.probing = True
+            return 1
         if k > 0:
             state.plain_steps = 0
             state.drafting_steps += 1

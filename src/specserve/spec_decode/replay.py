@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from specserve.spec_decode.draft_model import confident_draft_length
 from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.proposer import CATCH_UP_STEADY
 
 
 @dataclass(frozen=True)
@@ -31,24 +32,33 @@ class StepCosts:
         verify_s: ``verify_s[t - 1]`` is a target forward over t tokens (t = k + 1).
         draft_base_s: fixed time of a propose call (catch-up forward, bookkeeping).
         draft_token_s: time per drafted token.
+        catch_up_token_s: time per committed token a draft model catches up beyond the
+            steady :data:`CATCH_UP_STEADY` (after steps with k = 0); 0 for proposers that
+            keep no state of their own (n-gram) or traces recorded without it.
     """
 
     verify_s: tuple[float, ...]
     draft_base_s: float
     draft_token_s: float
+    catch_up_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.verify_s or min(self.verify_s) <= 0:
             raise ValueError("verify_s needs a positive time for every step size from 1 token")
-        if self.draft_base_s < 0 or self.draft_token_s < 0:
+        if min(self.draft_base_s, self.draft_token_s, self.catch_up_token_s) < 0:
             raise ValueError("draft costs must be >= 0")
 
     @property
     def k_max(self) -> int:
         return len(self.verify_s) - 1
 
-    def draft(self, k: int) -> float:
-        return 0.0 if k == 0 else self.draft_base_s + k * self.draft_token_s
+    def draft(self, k: int, behind: int = 1) -> float:
+        """A propose call for k tokens whose draft lacks the last ``behind`` committed
+        tokens."""
+        if k == 0:
+            return 0.0
+        catch_up = max(0, behind - CATCH_UP_STEADY) * self.catch_up_token_s
+        return self.draft_base_s + k * self.draft_token_s + catch_up
 
 
 @dataclass
@@ -88,6 +98,11 @@ def replay(
     ``confidences[p]`` (the draft's top probability for each token of its greedy draft after
     position p) with ``threshold`` replays the draft model's confidence stop: a step drafts
     up to and including the first token below the threshold, and pays for those forwards.
+
+    A draft model's catch-up is replayed too: after a drafting step it lacks the corrected or
+    bonus token (1 behind), each step with k = 0 adds one, and a drafting step pays
+    ``costs.catch_up_token_s`` for each beyond :data:`CATCH_UP_STEADY`; as live, the
+    controller learns no draft cost from such a step.
     """
     if confidences is not None and len(confidences) != len(runs):
         raise ValueError(f"need one confidence list per run, got {len(confidences)}")
@@ -97,6 +112,7 @@ def replay(
         raise ValueError("run lengths must be >= 0")
     out = ReplayResult()
     pos, last = 0, len(runs)  # position p: tokens[: p + 1] are committed
+    behind = 1  # committed tokens the draft has not seen (the prefill's token)
     try:
         while pos < last:
             k = policy if isinstance(policy, int) else policy.choose_k(request_id, 1)
@@ -105,7 +121,9 @@ def replay(
             if confidences is not None and k > 0:
                 k = confident_draft_length(confidences[pos], k, threshold)
             accepted = min(k, runs[pos])
-            draft_s, verify_s = costs.draft(k), costs.verify_s[k]
+            draft_s, verify_s = costs.draft(k, behind), costs.verify_s[k]
+            caught_up = k > 0 and behind > CATCH_UP_STEADY
+            behind = 1 if k > 0 else behind + 1
             out.decode_s += draft_s + verify_s
             out.num_tokens += accepted + 1
             out.num_steps += 1
@@ -114,7 +132,8 @@ def replay(
             out.k_history.append(k)
             if isinstance(policy, KController):
                 policy.observe(request_id, k, accepted, num_asked=asked)
-                policy.record_cost(draft_s, k, verify_s, k + 1)
+                policy.record_cost(0.0 if caught_up else draft_s, 0 if caught_up else k,
+                                   verify_s, k + 1)  # fmt: skip
             pos += accepted + 1
     finally:
         if isinstance(policy, KController):

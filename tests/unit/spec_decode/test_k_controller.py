@@ -41,8 +41,9 @@ def test_speculation_off_when_it_does_not_pay_and_reprobe() -> None:
     c.record_cost(0.4, 4, 0.22, 5)  # draft 100 ms per token, verify of 5 tokens 220 ms
     for _ in range(50):
         c.observe("r", 4, 0)  # nothing ever accepted
-    ks = [c.choose_k("r") for _ in range(10)]
-    assert ks.count(0) == 8 and ks[4] == ks[9] == 2  # plain, with a probe every 5th step
+    ks = [c.choose_k("r") for _ in range(11)]
+    assert ks[0] == 1  # the start probe: one draft at the request's first step
+    assert ks[1:].count(0) == 8 and ks[5] == ks[10] == 2  # plain, a probe every 5th step
     # The text turns repetitive: probes succeed and speculation comes back.
     for _ in range(40):
         c.observe("r", 2, 2)
@@ -146,7 +147,7 @@ def test_verify_cost_never_decreases_with_step_size() -> None:
     assert c.verify_cost(5) == pytest.approx(0.25)
     for _ in range(30):
         c.observe("r", 2, 0)  # cheap drafts that are always wrong
-    assert c.choose_k("r") == 0  # with the raw 0.20 s, k = 2 would look 19 % faster
+    assert c.best_k("r") == 0  # with the raw 0.20 s, k = 2 would look 19 % faster
 
 
 def test_unmeasured_large_steps_follow_the_measured_slope() -> None:
@@ -243,8 +244,9 @@ def test_probe_interval_backs_off_after_rejected_probes() -> None:
     c.record_cost(0.0, 2, 0.3, 3)  # drafting is dear ...
     for _ in range(20):
         c.observe("r", 2, 0)  # ... and never right
-    # Plain steps before each probe: doubling after each rejected probe, up to 4 x 4.
-    assert _probe_gaps(c, 4, 0) == [3, 7, 15, 15]
+    # Plain steps before each probe: the start probe at the first step, then doubling after
+    # each rejected probe, up to 4 x 4.
+    assert _probe_gaps(c, 4, 0) == [0, 7, 15, 15]
     # The text turns repetitive: accepted probes, still backed off while k = 0 stays best,
     # until drafting pays again, which resets the interval.
     assert _probe_gaps(c, 3, 2) == [15, 15, 15] and c.choose_k("r") > 0
@@ -262,7 +264,32 @@ def test_accepted_probes_back_off_where_drafting_does_not_pay() -> None:
     c = KController(8, probe_interval=4, max_probe_backoff=4)
     c.record_cost(0.0, 0, 0.2, 1)
     c.record_cost(0.6, 2, 0.6, 3)
-    assert _probe_gaps(c, 4) == [3, 7, 15, 15]
+    assert _probe_gaps(c, 4) == [0, 7, 15, 15]
+
+
+def test_requests_start_with_a_probe_and_the_backoff_the_last_probe_left() -> None:
+    # Drafting pays only when drafts are accepted: 20 ms a draft token, a 3-token verify 10 %
+    # dearer than a plain step.
+    c = KController(8, probe_interval=4, max_probe_backoff=8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.04, 2, 0.22, 3)
+    for _ in range(20):
+        c.observe("r", 2, 0)
+    assert _probe_gaps(c, 4, 0) == [0, 7, 15, 31]  # prose: every probe rejected
+    c.release("r")
+    # The next request still gets its start probe, then the backoff prose left (8 x 4).
+    assert _probe_gaps(c, 2, 0) == [0, 31]
+    c.release("r")
+    # A structured request: its start probe's draft is accepted and drafting pays.
+    assert c.choose_k("s") == 1
+    for _ in range(5):
+        c.observe("s", 1, 1)
+    assert c.choose_k("s") > 0
+    c.release("s")
+    # That reset the shared factor: the next prose request backs off from 1 again.
+    for _ in range(20):
+        c.observe("r", 2, 0)
+    assert _probe_gaps(c, 2, 0) == [0, 7]
 
 
 def test_early_stops_are_learnt_and_priced() -> None:

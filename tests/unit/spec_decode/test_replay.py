@@ -51,6 +51,27 @@ def test_controller_backs_off_when_drafts_are_always_wrong() -> None:
     assert res.k_history[-10:].count(0) >= 8
 
 
+def test_drafting_after_plain_steps_pays_the_draft_catch_up() -> None:
+    costs = StepCosts((0.2, 0.22, 0.24), 0.0, 0.02, catch_up_token_s=0.01)
+
+    class Policy(KController):  # plain for 5 steps, then k = 1, then plain again
+        def choose_k(self, request_id: str, batch_size: int = 1) -> int:
+            self.calls = getattr(self, "calls", 0) + 1
+            return 1 if self.calls == 6 else 0
+
+    policy = Policy(2)
+    res = replay([0] * 8, policy, costs)
+    # The 6th step's draft lacks 6 committed tokens (the prefill's and 5 plain steps'): it
+    # catches up 4 beyond the steady 2, and teaches the controller no draft cost.
+    assert res.k_history == [0, 0, 0, 0, 0, 1, 0, 0]
+    assert res.decode_s == pytest.approx(7 * 0.2 + 0.02 + 4 * 0.01 + 0.22)
+    assert policy._draft_cost == {}
+    assert costs.draft(2, behind=2) == pytest.approx(0.04)  # steady: nothing to catch up
+    # Drafting every step: never behind by more than the steady catch-up (the last step,
+    # capped at k = 0 by the budget, is plain).
+    assert replay([0] * 8, 1, costs).decode_s == pytest.approx(7 * (0.02 + 0.22) + 0.2)
+
+
 def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="k must be in"):
         replay([1, 1], 5, COSTS)
@@ -60,6 +81,8 @@ def test_bad_inputs() -> None:
         StepCosts((), 0.0, 0.01)
     with pytest.raises(ValueError, match=">= 0"):
         StepCosts((0.1,), -1.0, 0.01)
+    with pytest.raises(ValueError, match=">= 0"):
+        StepCosts((0.1,), 0.0, 0.01, catch_up_token_s=-0.1)
 
 
 def test_common_prefix() -> None:
