@@ -27,8 +27,10 @@ HEAD_METHODS: tuple[SpecMethod, ...] = ("eagle", "medusa")
 QUANTISED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4", "gguf")
 
 
-def check_device(device: str | torch.device) -> torch.device:
-    """``device`` as a torch device, if this process can use it.
+def check_device(device: str | torch.device, *, available: bool = True) -> torch.device:
+    """``device`` as a torch device, if this process can use it (``available=False``: only
+    that it is a well-formed CPU or CUDA device, e.g. for a configuration rendered on one
+    machine to run on another).
 
     Raises:
         ValueError: a malformed device string, or one this torch build or machine lacks
@@ -40,10 +42,10 @@ def check_device(device: str | torch.device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"invalid device {device!r}: {exc}") from exc
-    if dev.type == "cpu":
-        return dev
-    if dev.type != "cuda":
+    if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: only cpu and cuda devices are supported")
+    if dev.type == "cpu" or not available:
+        return dev
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise ValueError(
@@ -110,7 +112,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("model must be a non-empty name or path")
-        check_device(self.device)
+        check_device(self.device, available=False)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

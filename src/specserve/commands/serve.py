@@ -28,6 +28,7 @@ from specserve.config import (
     SpecConfig,
     SpecMethod,
     WeightFormat,
+    check_device,
     resolve_dtype,
 )
 
@@ -307,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         config = engine_config_from_args(args)
+        check_device(args.device)  # before the server starts (the loader checks it again)
     except ValueError as exc:
         print(f"specserve serve: {exc}", file=sys.stderr)
         return 2

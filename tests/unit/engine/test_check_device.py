@@ -38,6 +38,10 @@ def test_malformed_or_unsupported_devices(device: str, says: str) -> None:
 def test_cuda_without_a_gpu_says_so_before_loading() -> None:
     with pytest.raises(ValueError, match="sees no CUDA device; use --device cpu"):
         load_model("no-such-model", device="cuda")  # the device is checked first
+    # A configuration may name a GPU it will run on elsewhere (deploy manifests are
+    # rendered and checked on machines without one).
+    assert ModelConfig("m", device="cuda:1").device == "cuda:1"
+    assert check_device("cuda", available=False) == torch.device("cuda")
 
 
 @no_cuda
@@ -45,6 +49,7 @@ def test_cuda_without_a_gpu_says_so_before_loading() -> None:
     "argv",
     [
         ["generate", "--model", "no-such-model", "--prompt", "x", "--device", "cuda"],
+        ["serve", "--model", "no-such-model", "--device", "cuda"],
         ["train-draft", "--method", "eagle", "--model", "no-such-model", "--device", "cuda:1"],
     ],
 )
