@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 
 from specserve.cli import main
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
-from specserve.engine.builder import build_engine, build_engine_from_models
+from specserve.engine.builder import build_engine
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.loading import load_model
 from specserve.loading.gguf_stored import default_format
@@ -31,7 +31,7 @@ from specserve.server.launcher import ServerProcess
 from specserve.spec_decode.plain_loop import generate_plain
 from tests.conftest import make_tiny_model
 from tests.heads import make_eagle_head, make_medusa_heads
-from tests.integration.test_engine_spec import assert_equals_plain
+from tests.integration.test_engine_spec import assert_equals_plain, make_engine
 from tests.unit.loading.conftest import tiny_hf_model, write_gguf
 
 DEVICE = os.environ.get("SPECSERVE_TEST_CUDA_DEVICE", "cuda")
@@ -44,7 +44,7 @@ VOCAB = 13
 METHODS = ["ngram", "suffix", "draft", "hybrid", "eagle", "medusa"]
 
 
-def cuda_engine(method: str, k: int | None, target: DecoderLM, max_num_seqs: int = 4):  # type: ignore[no-untyped-def]
+def cuda_engine(method: str, k: int | None, target: DecoderLM):  # type: ignore[no-untyped-def]
     draft = head = None
     if method in ("draft", "hybrid"):
         draft = make_tiny_model("qwen3", seed=1, vocab_size=VOCAB).to(DEVICE)
@@ -52,20 +52,7 @@ def cuda_engine(method: str, k: int | None, target: DecoderLM, max_num_seqs: int
         head = make_eagle_head(target, seed=3, draft_vocab_size=10).to(DEVICE)
     elif method == "medusa":
         head = make_medusa_heads(target, seed=3, num_heads=5).to(DEVICE)
-    config = EngineConfig(
-        model=ModelConfig("tiny", device=DEVICE),
-        cache=CacheConfig(block_size=4, num_blocks=120),
-        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32),
-        spec=SpecConfig(
-            method=method,  # type: ignore[arg-type]
-            num_speculative_tokens=k,
-            k_max=7,
-            ngram_min=1,
-            ngram_max=3,
-            draft_model="tiny-draft" if draft is not None or head is not None else None,
-        ),
-    )
-    return build_engine_from_models(config, target, draft=draft, head=head, head_name="head")
+    return make_engine(target, method, k, draft=draft, head=head, device=DEVICE)
 
 
 def run_one(engine, prompt: list[int], max_tokens: int = 16) -> list[int]:  # type: ignore[no-untyped-def]

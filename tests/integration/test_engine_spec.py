@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from specserve.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from specserve.engine.builder import build_engine_from_models
@@ -29,9 +30,12 @@ def make_engine(
     num_blocks: int = 120,
     max_num_seqs: int = 4,
     confidence_threshold: float = 0.0,
+    head: torch.nn.Module | None = None,
+    device: str = "cpu",
 ) -> LLMEngine:
+    """An engine over ``target`` (and ``draft`` or a trained ``head``), all on ``device``."""
     config = EngineConfig(
-        model=ModelConfig("tiny"),
+        model=ModelConfig("tiny", device=device),
         cache=CacheConfig(block_size=4, num_blocks=num_blocks),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=32),
         spec=SpecConfig(
@@ -40,11 +44,11 @@ def make_engine(
             k_max=7,
             ngram_min=1,
             ngram_max=3,
-            draft_model="tiny-draft" if method in ("draft", "hybrid") else None,
+            draft_model="tiny-draft" if method in ("draft", "hybrid", "eagle", "medusa") else None,
             draft_confidence_threshold=confidence_threshold,
         ),
     )
-    return build_engine_from_models(config, target, draft=draft)
+    return build_engine_from_models(config, target, draft=draft, head=head, head_name="head")
 
 
 def prompts_and_params(n: int, seed: int) -> tuple[dict[str, list[int]], dict[str, SamplingParams]]:
