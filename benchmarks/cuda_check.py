@@ -39,6 +39,7 @@ from specserve.models.arch import ArchConfig
 from specserve.models.decoder import DecoderLM
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.plain_loop import generate_plain
+from specserve.spec_decode.replay import common_prefix
 
 SHAPES = {  # (hidden, intermediate, layers, heads, kv heads, vocab)
     "small": (512, 1408, 8, 8, 2, 8192),
@@ -89,15 +90,6 @@ def run_engine(engine, prompts: dict[str, list[int]], max_tokens: int) -> dict[s
     return out
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (the shorter one's end counts), or
-    None when they are equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def equal(a: dict[str, list[int]], b: dict[str, list[int]]) -> int:
     return sum(a[r] == b[r] for r in a)
 
@@ -118,13 +110,13 @@ def exactness(device: str, shape: str, n: int, max_tokens: int) -> list[dict[str
         for method, k, draft in (("none", None, None), ("draft", 4, target), ("ngram", 4, None)):
             got = run_engine(engine_for(target, method, k, draft), prompts, max_tokens)
             engine_plain = engine_plain or got
-            firsts = [first_difference(got[r], plain[r]) for r in prompts]
-            same = sum(got[r] == plain[r] for r in prompts)
+            firsts = [common_prefix(got[r], plain[r]) for r in prompts if got[r] != plain[r]]
+            same = equal(got, plain)
             label = method if k is None else f"{method} k={k}"
             row = {"dtype": str(dtype).removeprefix("torch."), "method": label,
                    "exact": f"{same}/{n}",
                    "equal_to_engine_plain": f"{equal(got, engine_plain)}/{n}",
-                   "first_differences": sorted(f for f in firsts if f is not None)}  # fmt: skip
+                   "first_differences": sorted(firsts)}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

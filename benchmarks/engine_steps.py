@@ -35,8 +35,7 @@ from specserve.commands.serve import engine_config_from_args
 from specserve.engine.builder import build_engine
 from specserve.loading import load_tokenizer
 from specserve.sampling_params import SamplingParams
-
-STEADY_CATCH_UP = 2  # tokens a draft catches up after a drafting step (last draft + bonus)
+from specserve.spec_decode.proposer import CATCH_UP_STEADY
 
 
 @dataclass
@@ -51,7 +50,7 @@ class Step:
     def kind(self) -> str:
         if self.k == 0:
             return "plain"
-        return "drafting, steady" if self.catch_up <= STEADY_CATCH_UP else "drafting after plain"
+        return "drafting, steady" if self.catch_up <= CATCH_UP_STEADY else "drafting after plain"
 
 
 class Recorder:
