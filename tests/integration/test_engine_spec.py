@@ -199,7 +199,7 @@ def test_k_controller_sees_batch_size_and_measured_costs() -> None:
     run_staggered(engine, prompts, params, {rid: 0 for rid in prompts})
     assert 3 in seen  # all three decoding together
     # Pure decode steps were timed and reported per batch size.
-    assert any(b == 3 for b, _ in controller._verify_cost)  # type: ignore[attr-defined]
+    assert any(b == 3 for b, _ in controller.costs.verify_by_shape)
 
 
 def test_draft_cost_is_not_learned_from_a_catch_up_burst() -> None:

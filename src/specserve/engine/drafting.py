@@ -89,5 +89,10 @@ def record_cost(
     num_draft_steps = max(len(p) for p in proposals)
     draft_s, draft_steps = draft_cost_sample(proposer, stats.draft_s, num_draft_steps)
     controller.record_cost(
-        draft_s, draft_steps, stats.verify_s, num_draft_steps + 1, batch_size=len(scheduled)
+        draft_s,
+        draft_steps,
+        stats.verify_s,
+        num_draft_steps + 1,
+        batch_size=len(scheduled),
+        step_s=stats.draft_s + stats.verify_s,
     )

@@ -51,16 +51,17 @@ decode step would be plain drafts one token there (a *start probe*: a draft mode
 prompt while the target prefilled it, so this costs a draft forward and a 2-token verify),
 so each request, a structured one after a run of prose too, gets its own look. Then every
 ``probe_interval`` plain steps times the request's backoff factor it probes with a small k
-so that its estimates can recover (the text may have turned repetitive). A probe after which
-k = 0 is still best doubles the factor (up to ``max_probe_backoff``), one after which
-drafting pays resets it to 1, and a new request starts from the factor the latest judged
-probe left. Probes after plain steps are dear: a draft model first catches up over every
-token since its last draft, in forwards of up to 16 rows that are compute bound on a CPU
-(5-7 ms a token for the 0.5B draft on the AVX2 host, 12-14 % of a plain 1.5B step), so a
-longer interval alone does not make them cheaper per token; with the factor reset for each
-request, the open-ended suite's 64-token replies paid two each, 12-14 % of the decode time
-(``benchmarks/engine_steps.py``). An earlier rule, which reset the interval after any
-accepted draft, put the adaptive arm 6-17 % below plain (docs/benchmarks.md, AMX host).
+so that its estimates can recover (the text may have turned repetitive). Probes after plain
+steps are dear: a draft model first catches up over every token since its last draft, in
+forwards of up to 16 rows that are compute bound on a CPU (5-7 ms a token for the 0.5B
+draft on the AVX2 host, 12-14 % of a plain 1.5B step), so a longer interval alone does not
+make them cheaper per token.
+
+The backoff factor follows each probe's *run* (``drafting_runs.py``): a run the controller
+followed that beat plain decoding, in measured time with any catch-up included, resets it to
+1; any other probe doubles it (up to ``max_probe_backoff``); a new request starts from the
+factor the latest judged run left. Reset after any accepted draft, the interval had put the
+adaptive arm 6-17 % below plain (docs/benchmarks.md, AMX host).
 
 Step sizes are explored before they are trusted: k is capped so that a step is at most twice
 the largest size already timed (a request's k + 1 tokens times the batch size). The prior's
@@ -91,6 +92,7 @@ from dataclasses import dataclass, field
 
 from specserve.spec_decode import verify_costs
 from specserve.spec_decode.decayed_counts import ConfidenceCounts, PrefixCounts
+from specserve.spec_decode.drafting_runs import DraftingRuns, ProbeState
 
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
 _PRIOR_CONFIDENT, _PRIOR_ACCEPT_CONFIDENT, _PRIOR_ACCEPT_UNSURE = 0.8, 0.8, 0.4
@@ -98,15 +100,10 @@ _PRIOR_CONFIDENT, _PRIOR_ACCEPT_CONFIDENT, _PRIOR_ACCEPT_UNSURE = 0.8, 0.8, 0.4
 
 @dataclass
 class _RequestState:
+    probe: ProbeState
     acceptance: PrefixCounts = field(default_factory=PrefixCounts)  # a_i
     continuation: PrefixCounts = field(default_factory=PrefixCounts)  # c_j at index j - 1
     confidence: ConfidenceCounts = field(default_factory=ConfidenceCounts)
-    plain_steps: int = 0  # consecutive steps with k = 0
-    drafting_steps: int = 0  # steps with k > 0 since the last reach probe
-    probe_backoff: int = 1  # the probe interval's current factor
-    started: bool = False  # its first step was chosen (a start probe, drafting or plain)
-    probing: bool = False  # the last k chosen was a probe
-    judge_probe: bool = False  # a probe was observed: the next choice sets the backoff
 
 
 class KController:
@@ -164,19 +161,13 @@ class KController:
         self.global_decay = global_decay
         self.probe_interval = probe_interval
         self.max_probe_backoff = max_probe_backoff
-        self.draft_cost_prior = draft_cost_prior
-        self.ema = ema
         self.confidence_stop = confidence_stop
         self._global = PrefixCounts()
         self._global_continuation = PrefixCounts()
         self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
-        # The probe interval's factor a new request starts from: the factor the latest judged
-        # probe of any request left behind (see the module docstring).
-        self._shared_backoff = 1
-        self._draft_cost: dict[int, float] = {}  # batch size -> seconds per draft forward
-        self._verify_cost: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
-        self._cost_by_size: dict[int, float] | None = None  # batch size * tokens -> s
+        self.runs = DraftingRuns(max_probe_backoff, judge_after=probe_interval)
+        self.costs = verify_costs.MeasuredCosts(ema, draft_cost_prior)
 
     # ---- observations ---------------------------------------------------------------------
 
@@ -195,9 +186,7 @@ class KController:
         if num_drafted == 0:
             return
         state = self._state(request_id)
-        if state.probing:  # judged at the next choose_k, with this step's counts in
-            state.probing = False
-            state.judge_probe = True
+        self.runs.observed(request_id, state.probe, num_accepted + 1)
         if self.confidence_stop:  # the confident/unsure model replaces a_i and c_j
             state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
             self._global_confidence.observe(num_asked, num_drafted, num_accepted, self.global_decay)
@@ -215,8 +204,9 @@ class KController:
         verify_s: float,
         num_verified_tokens: int,
         batch_size: int = 1,
+        step_s: float | None = None,
     ) -> None:
-        """Measured times of one step.
+        """Measured times of one step, after its ``observe`` calls.
 
         Args:
             draft_s: wall time of the propose call (0 when nothing was proposed).
@@ -224,24 +214,23 @@ class KController:
             verify_s: wall time of the target forward (+ verification).
             num_verified_tokens: tokens per request in that forward (k + 1; 1 when plain).
             batch_size: requests in the step.
+            step_s: the step's whole time, a draft model's catch-up included (which
+                ``draft_s`` leaves out when it is no sample of the draft cost); None:
+                ``draft_s + verify_s``. What the drafting runs observed in it are charged.
         """
-        if num_draft_steps > 0:
-            self._update(self._draft_cost, batch_size, draft_s / num_draft_steps)
-        self._update(self._verify_cost, (batch_size, num_verified_tokens), verify_s)
-        self._cost_by_size = None
-
-    def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
-        old = table.get(key)
-        table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
+        self.runs.timed(draft_s + verify_s if step_s is None else step_s)
+        self.costs.record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
 
     def _state(self, request_id: str) -> _RequestState:
         state = self._requests.get(request_id)
         if state is None:
-            state = self._requests[request_id] = _RequestState(probe_backoff=self._shared_backoff)
+            state = self._requests[request_id] = _RequestState(self.runs.new_state())
         return state
 
     def release(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        state = self._requests.pop(request_id, None)
+        if state is not None:
+            self.runs.released(request_id, state.probe, self.verify_cost(1, state.probe.batch_size))
 
     # ---- decisions -------------------------------------------------------------------------
 
@@ -310,29 +299,16 @@ class KController:
 
     def verify_cost(self, num_tokens: int, batch_size: int = 1) -> float:
         """Estimated target step time for ``num_tokens`` per request in a batch of
-        ``batch_size`` (``verify_costs.estimate``: kept per total step size, interpolated or
-        extrapolated; unit 1 per token-free step while nothing is measured)."""
-        return verify_costs.estimate(self._measured_by_size(), batch_size * num_tokens)
-
-    def _measured_by_size(self) -> dict[int, float]:
-        """Measured verify seconds per total step size, made non-decreasing in the size;
-        rebuilt after each new measurement."""
-        if self._cost_by_size is None:
-            self._cost_by_size = verify_costs.by_size(self._verify_cost)
-        return self._cost_by_size
+        ``batch_size`` (``verify_costs.MeasuredCosts.verify``)."""
+        return self.costs.verify(num_tokens, batch_size)
 
     def plain_cost_measured(self, batch_size: int = 1) -> bool:
         """Whether a step of ``batch_size`` tokens (a plain step of that batch) was timed."""
-        return batch_size in self._measured_by_size()
+        return batch_size in self.costs.measured_by_size()
 
     def draft_cost(self, k: int, batch_size: int = 1) -> float:
         """Estimated propose time for k draft tokens."""
-        per_token = self._draft_cost.get(batch_size)
-        if per_token is None and self._draft_cost:
-            per_token = self._draft_cost[min(self._draft_cost, key=lambda b: abs(b - batch_size))]
-        if per_token is None:
-            per_token = self.draft_cost_prior * self.verify_cost(1, batch_size)
-        return k * per_token
+        return self.costs.draft(k, batch_size)
 
     def step_cost(self, request_id: str, k: int, batch_size: int = 1) -> float:
         """C(k): expected propose + verify time of a step asking for k drafts."""
@@ -350,7 +326,7 @@ class KController:
     def explored_k(self, batch_size: int = 1) -> int:
         """Largest k whose step (``batch_size * (k + 1)`` tokens) is at most twice the
         largest step size timed so far (0 before any step was timed)."""
-        measured = self._measured_by_size()
+        measured = self.costs.measured_by_size()
         if not measured:
             return 0
         return max(0, min(self.k_max, 2 * max(measured) // batch_size - 1))
@@ -366,14 +342,14 @@ class KController:
         if self.fixed_k is not None:
             return self.fixed_k
         state = self._state(request_id)
-        state.probing = False
-        if not self.plain_cost_measured(batch_size):
-            return 0
+        measured = self.plain_cost_measured(batch_size)
+        k = self._choose(state.probe, request_id, batch_size) if measured else 0
+        self.runs.chosen(request_id, state.probe, k, batch_size, self.verify_cost(1, batch_size))
+        return k
+
+    def _choose(self, state: ProbeState, request_id: str, batch_size: int) -> int:
         k = self.best_k(request_id, batch_size)
-        if state.judge_probe:
-            state.judge_probe = False
-            grown = min(2 * state.probe_backoff, self.max_probe_backoff)
-            state.probe_backoff = self._shared_backoff = 1 if k > 0 else grown
+        state.probing = False
         first, state.started = not state.started, True
         if first and k == 0 and self.k_max > 0:
             # A start probe: one draft token at the request's first decode step, while a
@@ -390,7 +366,7 @@ class KController:
                 return reach
             return k
         state.plain_steps += 1
-        interval = self.probe_interval * state.probe_backoff
+        interval = self.probe_interval * state.backoff
         if state.plain_steps >= interval and self.k_max > 0:
             state.plain_steps = 0
             state.probing = True

@@ -133,7 +133,7 @@ def replay(
             if isinstance(policy, KController):
                 policy.observe(request_id, k, accepted, num_asked=asked)
                 policy.record_cost(0.0 if caught_up else draft_s, 0 if caught_up else k,
-                                   verify_s, k + 1)  # fmt: skip
+                                   verify_s, k + 1, step_s=draft_s + verify_s)  # fmt: skip
             pos += accepted + 1
     finally:
         if isinstance(policy, KController):

@@ -161,7 +161,13 @@ def generate_speculative(
                 # A propose call that caught up the tokens of earlier k = 0 steps teaches
                 # nothing about drafting's cost (as in the engine).
                 draft_s, draft_steps = draft_cost_sample(proposer, step.draft_s, num_k)
-                k.record_cost(draft_s, draft_steps, step.verify_s, step.num_draft_tokens + 1)
+                k.record_cost(
+                    draft_s,
+                    draft_steps,
+                    step.verify_s,
+                    step.num_draft_tokens + 1,
+                    step_s=step.draft_s + step.verify_s,
+                )
     finally:
         target.capture_layers = saved_capture
         proposer.release(request_id)

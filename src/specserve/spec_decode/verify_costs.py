@@ -1,6 +1,6 @@
-"""The k controller's verify-cost model (``k_controller.py``): measured target step times
-kept per total step size T = batch size x tokens per request, the quantity a forward's time
-depends on.
+"""The k controller's cost model (``k_controller.py``): measured target step times kept per
+total step size T = batch size x tokens per request, the quantity a forward's time depends
+on, and a draft's time per token per batch size (:class:`MeasuredCosts`).
 """
 
 from __future__ import annotations
@@ -55,3 +55,56 @@ def estimate(cost: dict[int, float], size: int) -> float:
     lo = max(t for t in below if t < nearest)
     slope = (cost[nearest] - cost[lo]) / (nearest - lo)
     return max(scaled, cost[nearest] + slope * (size - nearest))
+
+
+class MeasuredCosts:
+    """Running averages of measured step times, and estimates for unmeasured steps.
+
+    Args:
+        ema: weight of a new measurement in the running averages.
+        draft_cost_prior: draft time per token relative to a 1-token verify, until measured.
+    """
+
+    def __init__(self, ema: float = 0.2, draft_cost_prior: float = 0.1) -> None:
+        self.ema = ema
+        self.draft_cost_prior = draft_cost_prior
+        self.draft_per_token: dict[int, float] = {}  # batch size -> seconds per draft forward
+        self.verify_by_shape: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
+        self._by_size: dict[int, float] | None = None  # batch size * tokens -> s
+
+    def record(
+        self, draft_s: float, num_draft_steps: int, verify_s: float, num_tokens: int, batch: int
+    ) -> None:
+        """One step: ``draft_s`` for ``num_draft_steps`` draft forwards (none: 0), a target
+        forward of ``num_tokens`` per request for ``batch`` requests in ``verify_s``."""
+        if num_draft_steps > 0:
+            self._update(self.draft_per_token, batch, draft_s / num_draft_steps)
+        self._update(self.verify_by_shape, (batch, num_tokens), verify_s)
+        self._by_size = None
+
+    def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
+        old = table.get(key)
+        table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
+
+    def measured_by_size(self) -> dict[int, float]:
+        """Measured verify seconds per total step size (``by_size``), rebuilt after each new
+        measurement."""
+        if self._by_size is None:
+            self._by_size = by_size(self.verify_by_shape)
+        return self._by_size
+
+    def verify(self, num_tokens: int, batch_size: int = 1) -> float:
+        """Estimated target step time for ``num_tokens`` per request in a batch of
+        ``batch_size`` (``estimate``; unit 1 per token-free step while nothing is measured)."""
+        return estimate(self.measured_by_size(), batch_size * num_tokens)
+
+    def draft(self, k: int, batch_size: int = 1) -> float:
+        """Estimated propose time for k draft tokens (the nearest measured batch size's per
+        token time, else the prior's fraction of a plain step)."""
+        per_token = self.draft_per_token.get(batch_size)
+        if per_token is None and self.draft_per_token:
+            table = self.draft_per_token
+            per_token = table[min(table, key=lambda b: abs(b - batch_size))]
+        if per_token is None:
+            per_token = self.draft_cost_prior * self.verify(1, batch_size)
+        return k * per_token

@@ -179,9 +179,9 @@ def _decode_rejected_drafts(c: KController, tokens: int) -> float:
     while done < tokens:
         k = c.choose_k("prose")
         cost = 0.17 * (1.0 + 0.12 * k)
-        c.record_cost(0.0, k, cost, k + 1)  # a free proposer (n-gram)
         if k:
             c.observe("prose", k, 0)
+        c.record_cost(0.0, k, cost, k + 1)  # a free proposer (n-gram), as the engine: last
         seconds += cost
         done += 1
     return tokens * 0.17 / seconds
@@ -225,7 +225,7 @@ def test_step_sizes_are_explored_before_they_are_trusted() -> None:
 
 def _probe_gaps(c: KController, num_probes: int, accepted: int | None = None) -> list[int]:
     """Plain steps before each of the next ``num_probes`` steps with k > 0, each of which
-    gets ``accepted`` drafts accepted (None: all)."""
+    gets ``accepted`` drafts accepted (None: all) and takes what the cost model says."""
     out, plain = [], 0
     while len(out) < num_probes:
         k = c.choose_k("r")
@@ -235,6 +235,7 @@ def _probe_gaps(c: KController, num_probes: int, accepted: int | None = None) ->
         out.append(plain)
         plain = 0
         c.observe("r", k, k if accepted is None else accepted)
+        c.record_cost(c.draft_cost(k), k, c.verify_cost(k + 1), k + 1)
     return out
 
 
@@ -247,12 +248,16 @@ def test_probe_interval_backs_off_after_rejected_probes() -> None:
     # Plain steps before each probe: the start probe at the first step, then doubling after
     # each rejected probe, up to 4 x 4.
     assert _probe_gaps(c, 4, 0) == [0, 7, 15, 15]
-    # The text turns repetitive: accepted probes, still backed off while k = 0 stays best,
-    # until drafting pays again, which resets the interval.
-    assert _probe_gaps(c, 3, 2) == [15, 15, 15] and c.choose_k("r") > 0
-    for _ in range(40):  # rejected drafts turn drafting off again
+    # The text turns repetitive: accepted probes, still backed off while k = 0 stays best
+    # (each probe's run is that one step), until drafting pays again.
+    assert _probe_gaps(c, 3, 2) == [15, 15, 15]
+    k = c.choose_k("r")  # the third probe's run goes on ...
+    assert k > 0
+    c.observe("r", k, k)
+    c.record_cost(c.draft_cost(k), k, c.verify_cost(k + 1), k + 1)
+    for _ in range(40):  # ... until rejected drafts turn drafting off again
         c.observe("r", 2, 0)
-    assert _probe_gaps(c, 1, 0) == [3]
+    assert _probe_gaps(c, 1, 0) == [3]  # it beat plain decoding: the interval was reset
     with pytest.raises(ValueError, match="max_probe_backoff"):
         KController(8, max_probe_backoff=0)
 
@@ -282,14 +287,49 @@ def test_requests_start_with_a_probe_and_the_backoff_the_last_probe_left() -> No
     c.release("r")
     # A structured request: its start probe's draft is accepted and drafting pays.
     assert c.choose_k("s") == 1
-    for _ in range(5):
-        c.observe("s", 1, 1)
-    assert c.choose_k("s") > 0
+    c.observe("s", 1, 1)
+    c.record_cost(0.02, 1, 0.21, 2)
+    for _ in range(4):
+        k = c.choose_k("s")
+        assert k > 0
+        c.observe("s", k, k)
+        c.record_cost(c.draft_cost(k), k, c.verify_cost(k + 1), k + 1)
     c.release("s")
-    # That reset the shared factor: the next prose request backs off from 1 again.
+    # Its drafting run reset the shared factor: the next prose request backs off from 1 again.
     for _ in range(20):
         c.observe("r", 2, 0)
     assert _probe_gaps(c, 2, 0) == [0, 7]
+
+
+@pytest.mark.parametrize(("catch_up_s", "gaps"), [(0.0, [0, 3, 3, 3, 3]), (0.6, [0, 3, 7, 15, 31])])
+def test_probe_runs_are_judged_by_their_measured_time_catch_up_included(
+    catch_up_s: float, gaps: list[int]
+) -> None:
+    # Cheap drafts (20 ms a token, a 3-token verify 10 % dearer than a plain step) on a text
+    # where each drafting run's first two steps are accepted and the rest rejected: the runs
+    # beat plain decoding, and the probes come every 4 plain steps. If a draft model first
+    # catches up over the plain steps since its last draft (0.6 s, three plain steps), a
+    # probe's run loses, and the probes back off although their drafts were accepted.
+    c = KController(8, probe_interval=4, max_probe_backoff=8)
+    c.record_cost(0.0, 0, 0.2, 1)
+    c.record_cost(0.04, 2, 0.22, 3)
+    for _ in range(6):
+        c.observe("r", 2, 0)
+    out, plain, in_run = [], 0, 0
+    while len(out) < len(gaps):
+        k = c.choose_k("r")
+        if k == 0:
+            plain, in_run = plain + 1, 0
+            continue
+        if not in_run:
+            out.append(plain)
+        c.observe("r", k, k if in_run < 2 else 0)
+        step_s = c.draft_cost(k) + c.verify_cost(k + 1)
+        if not in_run and plain:
+            step_s += catch_up_s
+        c.record_cost(c.draft_cost(k), k, c.verify_cost(k + 1), k + 1, step_s=step_s)
+        plain, in_run = 0, in_run + 1
+    assert out == gaps
 
 
 def test_early_stops_are_learnt_and_priced() -> None:

@@ -65,7 +65,7 @@ def test_drafting_after_plain_steps_pays_the_draft_catch_up() -> None:
     # catches up 4 beyond the steady 2, and teaches the controller no draft cost.
     assert res.k_history == [0, 0, 0, 0, 0, 1, 0, 0]
     assert res.decode_s == pytest.approx(7 * 0.2 + 0.02 + 4 * 0.01 + 0.22)
-    assert policy._draft_cost == {}
+    assert policy.costs.draft_per_token == {}
     assert costs.draft(2, behind=2) == pytest.approx(0.04)  # steady: nothing to catch up
     # Drafting every step: never behind by more than the steady catch-up (the last step,
     # capped at k = 0 by the budget, is plain).

@@ -315,7 +315,7 @@ def test_loop_does_not_learn_draft_cost_from_a_catch_up_burst() -> None:
     drafted = [r for r in recorded if r[2] > 1]  # steps that verified drafts
     assert drafted[0] == (0.0, 0, 4)  # the burst: verify cost recorded, no draft cost
     assert all(d > 0.0 and n == v - 1 > 0 for d, n, v in drafted[1:]), drafted
-    assert controller._draft_cost  # learnt from the steady calls only
+    assert controller.costs.draft_per_token  # learnt from the steady calls only
 
 
 def test_generate_reports_the_k_history_in_runs() -> None:
