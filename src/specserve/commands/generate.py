@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 draft_lm = load_in_format(
                     spec.draft_model,
                     draft_format(
-                        args.draft_weights, args.weights, spec.draft_model, args.device, args.dtype
+                        args.draft_weights, args.weights, spec.draft_model, args.device, dtype_name
                     ),
                     dtype,
                     args.device,

@@ -89,8 +89,9 @@ def add_weight_format_args(p: argparse.ArgumentParser, weights_help: str) -> Non
     p.add_argument(
         "--draft-weights",
         choices=WEIGHT_FORMATS,
-        help="the draft's weight format (default: --weights; with gguf, the draft's own "
-        "default); e.g. int4 next to a bf16 target",
+        help="the draft's weight format (default: int4 beside a gguf or bf16 target where the "
+        "native int4 kernels run, i.e. on CPU in bf16; otherwise --weights, where gguf means "
+        "the draft's own default)",
     )
 
 

@@ -75,14 +75,31 @@ def draft_format(
     device: str = "cpu",
     dtype: str | None = None,
 ) -> WeightFormat | None:
-    """The draft's format: ``draft_weights`` if given, else the target's, where ``gguf`` (or
-    no format) means the draft's own default (:func:`default_format`): a draft runs its
-    GGUF blocks as stored only if it is a quantised GGUF file itself."""
+    """The draft's format: ``draft_weights`` if given; else ``int4`` beside a ``gguf`` or
+    ``bf16`` target (or none given) where the native int4 kernels run (CPU, ``dtype`` the
+    resolved ``bfloat16``); else the target's, where ``gguf`` (or no format) means the
+    draft's own default (:func:`default_format`).
+
+    A draft's numbers never reach the output (the target verifies every token), only its
+    cost does: the 0.5B int4 draft drafts a token in about two thirds of its GGUF blocks'
+    time with the same acceptance, which made serve's default pair 1.4-1.9x faster than
+    plain decoding on structured prompts and 1.2x on open-ended ones, against 1.3-1.4x and
+    1.0-1.1x with the GGUF draft (docs/benchmarks.md)."""
     if draft_weights is not None:
         return draft_weights
+    if target_weights in (None, FORMAT, "bf16") and _int4_native(device, dtype):
+        return "int4"
     if target_weights in (None, FORMAT):
         return default_format(draft_spec, device, dtype)
     return target_weights
+
+
+def _int4_native(device: str, dtype: str | None) -> bool:
+    if device.split(":")[0] != "cpu" or dtype != "bfloat16":
+        return False
+    from specserve.models.native import int4_native
+
+    return int4_native.available()
 
 
 def _unpermute(blocks: StoredBlocks, num_heads: int) -> StoredBlocks:

@@ -147,6 +147,23 @@ def test_the_default_format_is_gguf_for_a_quantised_file_on_cpu(gguf_factory) ->
     assert gguf_stored.draft_format(None, "gguf", str(quantised)) == "gguf"
     assert gguf_stored.draft_format(None, "bf16", str(quantised)) == "bf16"
     assert gguf_stored.draft_format("int4", "gguf", str(quantised)) == "int4"
+    assert gguf_stored.draft_format("gguf", "gguf", str(quantised), dtype="bfloat16") == "gguf"
+
+
+def test_the_default_draft_is_int4_where_its_native_kernels_run(gguf_factory, monkeypatch) -> None:
+    from specserve.models.native import int4_native
+
+    quantised, _ = gguf_factory("qwen2", Q.Q4_0)
+    draft = gguf_stored.draft_format
+    monkeypatch.setattr(int4_native, "available", lambda: True)
+    for target in (None, "gguf", "bf16"):
+        assert draft(None, target, str(quantised), "cpu", "bfloat16") == "int4"
+    assert draft(None, "int8", str(quantised), "cpu", "bfloat16") == "int8"  # the target's
+    assert draft(None, "gguf", str(quantised), "cpu", "float32") is None  # fp32: dequantised
+    assert draft(None, "bf16", str(quantised), "cuda", "bfloat16") == "bf16"  # a CPU kernel
+    monkeypatch.setattr(int4_native, "available", lambda: False)  # e.g. SPECSERVE_INT4_NATIVE=0
+    assert draft(None, "gguf", str(quantised), "cpu", "bfloat16") == "gguf"
+    assert draft(None, "bf16", str(quantised), "cpu", "bfloat16") == "bf16"
 
 
 def test_serve_without_weights_runs_a_quantised_gguf_as_stored_in_bf16(gguf_factory) -> None:
