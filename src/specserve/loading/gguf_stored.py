@@ -82,9 +82,10 @@ def draft_format(
 
     A draft's numbers never reach the output (the target verifies every token), only its
     cost does: the 0.5B int4 draft drafts a token in about two thirds of its GGUF blocks'
-    time with the same acceptance, which made serve's default pair 1.4-1.9x faster than
-    plain decoding on structured prompts and 1.2x on open-ended ones, against 1.3-1.4x and
-    1.0-1.1x with the GGUF draft (docs/benchmarks.md)."""
+    time with the same acceptance. Through the servers on an AVX-512 host that made serve's
+    default pair 1.41-1.91x faster than plain decoding on structured prompts and 1.21-1.23x
+    on open-ended ones, against 1.32-1.44x and 0.98-1.10x with the GGUF draft
+    (docs/benchmarks.md)."""
     if draft_weights is not None:
         return draft_weights
     if target_weights in (None, FORMAT, "bf16") and _int4_native(device, dtype):
