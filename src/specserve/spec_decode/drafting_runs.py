@@ -22,6 +22,7 @@ to 0.98x on open-ended text (docs/benchmarks.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -46,11 +47,15 @@ class DraftingRuns:
     """The drafting runs of all requests and the shared backoff factor (module docstring).
 
     Args:
+        plain_cost: seconds of a plain step of a batch size (asked only when judging).
         max_backoff: largest backoff factor.
         judge_after: a run still drafting after this many timed steps is judged then.
     """
 
-    def __init__(self, max_backoff: int, judge_after: int) -> None:
+    def __init__(
+        self, plain_cost: Callable[[int], float], max_backoff: int, judge_after: int
+    ) -> None:
+        self.plain_cost = plain_cost
         self.max_backoff = max_backoff
         self.judge_after = judge_after
         self.shared_backoff = 1
@@ -75,34 +80,34 @@ class DraftingRuns:
             state.pending_tokens = 0
         self._pending.clear()
 
-    def chosen(
-        self, request_id: str, state: ProbeState, k: int, batch: int, plain_s: float
-    ) -> None:
-        """The controller chose k for the request's next step; ``plain_s``: a plain step of
-        this batch size. Opens, closes or judges its run."""
+    def chosen(self, request_id: str, state: ProbeState, k: int, batch: int) -> None:
+        """The controller chose k for the request's next step in a batch of ``batch``
+        requests. Opens, closes or judges its run (against a plain step of that batch)."""
         if self._pending.pop(request_id, None) is not None:  # observed, never timed (its
             state.pending_tokens = 0  # step ran a prompt chunk): that step does not count
         if k == 0:
             if state.run == "open":
-                self._judge(state, plain_s)
+                self._judge(state, batch)
             state.run = ""
         elif not state.run:  # only a probe's run is judged
             state.run = "open" if state.probing else "closed"
             state.run_steps, state.run_tokens, state.run_cost = 0, 0, 0.0
         elif state.run == "open" and state.run_steps >= self.judge_after:
-            self._judge(state, plain_s)
+            self._judge(state, batch)
         state.batch_size = batch
 
-    def released(self, request_id: str, state: ProbeState, plain_s: float) -> None:
-        """The request finished: an open run is judged on its timed steps."""
+    def released(self, request_id: str, state: ProbeState) -> None:
+        """The request finished: an open run is judged on its timed steps (against a plain
+        step of the batch size of its last choice)."""
         self._pending.pop(request_id, None)
         if state.run == "open":
-            self._judge(state, plain_s)
+            self._judge(state, state.batch_size)
 
-    def _judge(self, state: ProbeState, plain_s: float) -> None:
+    def _judge(self, state: ProbeState, batch: int) -> None:
         state.run = "closed"
         if state.run_steps == 0:  # nothing timed: nothing learnt
             return
+        plain_s = self.plain_cost(batch)
         paid = state.run_steps > 1 and state.run_tokens * plain_s > state.run_cost
         grown = min(2 * state.backoff, self.max_backoff)
         state.backoff = self.shared_backoff = 1 if paid else grown

@@ -166,7 +166,9 @@ class KController:
         self._global_continuation = PrefixCounts()
         self._global_confidence = ConfidenceCounts()
         self._requests: dict[str, _RequestState] = {}
-        self.runs = DraftingRuns(max_probe_backoff, judge_after=probe_interval)
+        self.runs = DraftingRuns(
+            lambda batch: self.verify_cost(1, batch), max_probe_backoff, probe_interval
+        )
         self.costs = verify_costs.MeasuredCosts(ema, draft_cost_prior)
 
     # ---- observations ---------------------------------------------------------------------
@@ -230,7 +232,7 @@ class KController:
     def release(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
         if state is not None:
-            self.runs.released(request_id, state.probe, self.verify_cost(1, state.probe.batch_size))
+            self.runs.released(request_id, state.probe)
 
     # ---- decisions -------------------------------------------------------------------------
 
@@ -344,7 +346,7 @@ class KController:
         state = self._state(request_id)
         measured = self.plain_cost_measured(batch_size)
         k = self._choose(state.probe, request_id, batch_size) if measured else 0
-        self.runs.chosen(request_id, state.probe, k, batch_size, self.verify_cost(1, batch_size))
+        self.runs.chosen(request_id, state.probe, k, batch_size)
         return k
 
     def _choose(self, state: ProbeState, request_id: str, batch_size: int) -> int:

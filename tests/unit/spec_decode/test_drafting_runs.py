@@ -13,10 +13,10 @@ def _step(
     step_s: float | None,
     probe: bool = False,
 ) -> None:
-    """Choose k (a probe or not; a plain step costs 0.2 s), then observe and, unless None,
-    time the step."""
+    """Choose k (a probe or not; the runs' plain step costs 0.2 s), then observe and, unless
+    None, time the step."""
     state.probing = probe
-    runs.chosen("r", state, k, 1, 0.2)
+    runs.chosen("r", state, k, 1)
     if k:
         runs.observed("r", state, tokens)
     if step_s is not None:
@@ -24,7 +24,7 @@ def _step(
 
 
 def test_a_probe_run_that_beats_plain_resets_the_backoff_and_one_that_loses_doubles_it() -> None:
-    runs = DraftingRuns(max_backoff=8, judge_after=16)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=16)
     state = runs.new_state()
     state.backoff = 4
     _step(runs, state, 2, 3, 0.25, probe=True)  # 3 tokens in 0.25 s: plain would take 0.6 s
@@ -45,7 +45,7 @@ def test_a_probe_run_that_beats_plain_resets_the_backoff_and_one_that_loses_doub
 
 def test_a_probe_the_controller_does_not_follow_backs_off_even_when_it_paid() -> None:
     # k = 0 right after the probe: its estimates still say drafting does not pay.
-    runs = DraftingRuns(max_backoff=8, judge_after=16)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=16)
     state = runs.new_state()
     _step(runs, state, 2, 3, 0.25, probe=True)
     _step(runs, state, 0, 0, 0.2)
@@ -53,7 +53,7 @@ def test_a_probe_the_controller_does_not_follow_backs_off_even_when_it_paid() ->
 
 
 def test_runs_not_started_by_a_probe_are_not_judged() -> None:
-    runs = DraftingRuns(max_backoff=8, judge_after=2)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=2)
     state = runs.new_state()
     state.backoff = 4
     for _ in range(4):  # drafting because the estimates say so, losing
@@ -63,7 +63,7 @@ def test_runs_not_started_by_a_probe_are_not_judged() -> None:
 
 
 def test_a_step_never_timed_counts_neither_its_tokens_nor_the_next_steps_time() -> None:
-    runs = DraftingRuns(max_backoff=8, judge_after=16)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=16)
     state = runs.new_state()
     _step(runs, state, 4, 1, 0.5, probe=True)  # 1 token in 0.5 s
     _step(runs, state, 4, 5, None)  # 5 tokens, but a prompt chunk ran beside: not timed
@@ -74,7 +74,7 @@ def test_a_step_never_timed_counts_neither_its_tokens_nor_the_next_steps_time() 
 
 
 def test_long_runs_are_judged_once_and_untimed_runs_not_at_all() -> None:
-    runs = DraftingRuns(max_backoff=8, judge_after=3)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=3)
     state = runs.new_state()
     state.backoff = 8
     _step(runs, state, 4, 5, 0.4, probe=True)
@@ -86,15 +86,15 @@ def test_long_runs_are_judged_once_and_untimed_runs_not_at_all() -> None:
     _step(runs, state, 0, 0, 0.2)
     assert state.backoff == 8
     _step(runs, state, 1, 1, None, probe=True)  # a run whose only step was never timed
-    runs.released("r", state, 0.2)
+    runs.released("r", state)
     assert state.backoff == 8 and runs.shared_backoff == 1
 
 
 def test_a_finished_request_judges_its_open_run() -> None:
-    runs = DraftingRuns(max_backoff=8, judge_after=16)
+    runs = DraftingRuns(lambda batch: 0.2, max_backoff=8, judge_after=16)
     state = runs.new_state()
     _step(runs, state, 1, 1, 0.3, probe=True)
     _step(runs, state, 1, 1, 0.3)
-    runs.released("r", state, 0.2)
+    runs.released("r", state)
     assert runs.shared_backoff == 2
     assert runs.new_state().backoff == 2
