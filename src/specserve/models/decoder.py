@@ -22,7 +22,7 @@ from torch import nn
 
 from specserve.models.arch import ArchConfig
 from specserve.models.cache_tensors import KVCacheTensors
-from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary
+from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary, final_norm
 
 # Query rows per sequence up to which a forward is "short" (decode steps, k + 1-token
 # verifies): attention runs row by row, and an installed layer runner takes the forward.
@@ -30,8 +30,8 @@ SHORT_FORWARD_ROWS = 16
 
 # Runs every decoder layer of a short forward (see DecoderLM.layer_runner):
 # (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv, captured) -> hidden
-# before the norm; the residual stream entering each layer in ``model.capture_layers`` is
-# appended to ``captured`` (a list, or None when nothing is captured).
+# before the norm, in the model's dtype or fp32; the residual stream entering each layer in
+# ``model.capture_layers`` is appended to ``captured`` (a list, or None: nothing captured).
 LayerRunner = Callable[
     [
         "DecoderLM",
@@ -361,7 +361,8 @@ class DecoderLM(nn.Module):
                     )
                 )  # fmt: skip
                 per_chunk.append(got or [])
-            out = self.model.norm(chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1))
+            hidden = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+            out = final_norm(self.model.norm, hidden)  # fp32 or the model's dtype
             layer_states = [
                 parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
                 for parts in zip(*per_chunk, strict=True)

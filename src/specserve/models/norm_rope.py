@@ -20,6 +20,23 @@ class RMSNorm(nn.Module):
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
+def final_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` for a residual stream in the norm's dtype; for an fp32 stream under a
+    lower-precision norm (the fused layers', models/native/fused_layer.py), computed in fp32
+    and rounded once to the norm's dtype, as those layers round their own norms."""
+    if x.dtype == norm.weight.dtype:
+        return norm(x)
+    return _norm_rounded_once(norm, x)
+
+
+# Eager even inside ``torch.compile``: inductor reorders the fp32 reduction, which moves the
+# rounding after it, and a compiled forward must give the bits the eager one gives.
+@torch.compiler.disable
+def _norm_rounded_once(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    weight: torch.Tensor = norm.weight
+    return (weight.float() * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.eps)).to(weight.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE in the "rotate half" layout used by Hugging Face checkpoints (Su et al., 2021)."""
 

@@ -11,7 +11,8 @@ import torch
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.native import bf16_native
 from tests.conftest import make_tiny_model
-from tests.unit.models.test_fused_layer import IDS, _eager_twin, _model
+from tests.fused_reference import eager_twin
+from tests.unit.models.test_fused_layer import IDS, _model
 
 native_bf16 = pytest.mark.skipif(
     not bf16_native.available(), reason=f"native bf16 kernel: {bf16_native.unavailable_reason()}"
@@ -62,7 +63,7 @@ def test_fused_capture_is_chunking_invariant_and_matches_eager(family: str) -> N
             rows.append(one.last_captured)
         assert whole.last_captured is not None
         assert torch.equal(whole.last_captured, torch.cat(rows))
-        eager = _eager_twin(model)
+        eager = eager_twin(model)
         twin = SingleSequenceCache(eager, 64)
         twin.forward(prompt)
         assert twin.last_captured is not None

@@ -22,8 +22,12 @@ chunk attending to the keys and values the earlier ones cached.
 ``SPECSERVE_FUSED_LAYER=0`` turns it off (checked when a model is set up), e.g. to compare
 both paths.
 
-Numbers: the op rounds to bf16 wherever the eager bf16 path does, and accumulates in fp32, so
-the two agree to bf16 rounding but not bit for bit. Each query row's result is independent of
+Numbers: the residual stream between layers stays in fp32, bf16 being only what enters a
+projection, the KV cache and the attention output, and the final norm's output
+(``norm_rope.final_norm``): closer to fp32 activations than the eager bf16 module
+(docs/benchmarks.md). ``SPECSERVE_FP32_RESIDUAL=0`` (read at set-up) keeps it in bf16,
+rounding wherever the eager path does. Either way the op accumulates in fp32 and agrees with
+the eager path to bf16 rounding, not bit for bit. Each query row's result is independent of
 the batch, of the chunk it is in and of the context length the batch is padded to, so
 speculative greedy output equals plain greedy output on this path, also with several
 sequences batched. Prompts take the same path, so a prompt's cached keys and values and its
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import cast
 
@@ -64,6 +68,7 @@ MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused p
 # --part step --switch amx --model qwen2.5-coder-0.5b-instruct --max-new 16).
 DRAFT_TILE_ROWS = 4
 _ENV_SWITCH = "SPECSERVE_FUSED_LAYER"
+_FP32_RESIDUAL_SWITCH = "SPECSERVE_FP32_RESIDUAL"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,9 @@ class LayerWeights:
     # tiles never; QUANTISED_X kept)
     tiles_from_rows: int = 1
     short_mode: int = 0
+    # The residual stream's dtype between layers (run_layers): fp32 unless
+    # SPECSERVE_FP32_RESIDUAL=0 asks for bf16 (the eager module's rounding)
+    residual: torch.dtype = torch.float32
 
 
 def _layers(model: DecoderLM) -> list[DecoderLayer]:
@@ -208,9 +216,12 @@ def _plan(model: DecoderLM) -> list[LayerWeights] | str:
         if not kernel.available():
             return f"native {name} kernel unavailable: {kernel.unavailable_reason()}"
     try:
-        return [(_int4_layer if quantised else _bf16_layer)(layer) for layer in layers]
+        plan = [(_int4_layer if quantised else _bf16_layer)(layer) for layer in layers]
     except _NotFusable as exc:
         return str(exc)
+    if switched_off(_FP32_RESIDUAL_SWITCH):
+        plan = [replace(w, residual=torch.bfloat16) for w in plan]
+    return plan
 
 
 def _quant_kernels(layers: list[DecoderLayer]) -> dict[str, _Kernel]:
@@ -239,16 +250,19 @@ def describe(model: DecoderLM) -> str:
     ``native int4_decoder_layer``, ``native bf16_decoder_layer on AMX tiles`` (the bf16 op
     names its kernel, :func:`bf16_native.kernel`; the quantised op says ``on AMX tiles`` where
     :func:`int4_native.amx_tiles` is on and the model's weights may take them,
-    :func:`allow_tiles`) or ``eager (<why not>)``."""
+    :func:`allow_tiles`) or ``eager (<why not>)``; ``, bf16 residual stream`` appended where
+    ``SPECSERVE_FP32_RESIDUAL=0`` asked for one."""
     layers = _layers(model)
     fused = layers[0].fused if layers else None
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
+        bf16_stream = ", bf16 residual stream" if fused.residual == torch.bfloat16 else ""
         if fused.op == "bf16_decoder_layer":
-            return f"native {fused.op} on {bf16_native.kernel()}"
+            return f"native {fused.op} on {bf16_native.kernel()}{bf16_stream}"
         mode = cast("int", fused.args[-1])
         x8 = ""
         if fused.short_mode & QUANTISED_X and int4_native.quantised_x():
             x8 = ", x in int8 for one-row int4 matmuls"
+        x8 += bf16_stream
         if mode & ~QUANTISED_X == TILES_SWITCHED and int4_native.amx_tiles():
             return f"native {fused.op} on AMX tiles{x8}"
         if mode & ~QUANTISED_X == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
@@ -334,22 +348,27 @@ def run_layers(
     kv: KVCacheTensors,
     captured: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """All decoder layers over ``x # [B, T, hidden]`` (bf16), one op call each; the caller
-    applies the final norm. ``cos``/``sin``: ``# [B, T, head_dim]``. With ``captured`` a list,
-    the residual stream entering each layer in ``model.capture_layers`` is appended to it
-    (``# [B, T, hidden]`` each, once per layer, in layer order)."""
+    """All decoder layers over ``x # [B, T, hidden]`` (bf16), one op call each; returns the
+    residual stream after the last layer in fp32 (bf16 with ``SPECSERVE_FP32_RESIDUAL=0``),
+    to which the caller applies the final norm (``DecoderLM``: rounded to bf16 after it).
+    ``cos``/``sin``: ``# [B, T, head_dim]``. With ``captured`` a list, the residual stream
+    entering each layer in ``model.capture_layers`` is appended to it (``# [B, T, hidden]``
+    each in the model's dtype, once per layer, in layer order)."""
     b, t, h = x.shape
-    rows = x.reshape(b * t, h).contiguous()
+    layers = _layers(model)
+    first = layers[0].fused
+    assert isinstance(first, LayerWeights), "run_layers on a model without fused layers (enable)"
+    rows = _as_residual(x.reshape(b * t, h), first.residual)
     positions = meta.positions.reshape(-1).contiguous()
     slots = meta.slot_mapping.reshape(-1).contiguous()
     context = meta.context_slots.contiguous()
     cos2 = cos.reshape(b * t, -1).contiguous()
     sin2 = sin.reshape(b * t, -1).contiguous()
     capture = set(model.capture_layers) if captured is not None else set()
-    for i, layer in enumerate(_layers(model)):
-        if i in capture:
+    for i, layer in enumerate(layers):
+        if i in capture:  # in the model's dtype, whatever the residual stream's
             assert captured is not None
-            captured.append(rows.view(b, t, h))
+            captured.append(rows.view(b, t, h).to(x.dtype))
         w = layer.fused
         assert isinstance(w, LayerWeights), "run_layers on a model without fused layers (enable)"
         args = w.args if b * t >= w.tiles_from_rows else (*w.args[:-1], w.short_mode)
@@ -365,6 +384,13 @@ def run_layers(
             *args,
         )
     return rows.view(b, t, h)
+
+
+# Eager even inside ``torch.compile``: fused with what computed x (an embedding's dequantising),
+# inductor would skip x's bf16 rounding on the way to fp32 and change every later bit.
+@torch.compiler.disable
+def _as_residual(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).contiguous()
 
 
 def native_logits(model: DecoderLM, hidden: torch.Tensor) -> torch.Tensor:

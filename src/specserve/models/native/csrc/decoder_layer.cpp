@@ -16,9 +16,13 @@
 //
 // Numerics follow the eager bf16 module (models/decoder.py) op by op: every value the eager
 // path rounds to bf16 is rounded here too (norm output, projections, bias add of the int4 op,
-// each RoPE product and sum, attention output, residual adds, SiLU and its product), and
-// norms, softmax and attention accumulate in fp32. Summation orders differ from ATen's, so
-// results agree to bf16 rounding, not bit for bit.
+// each RoPE product and sum, attention output, SiLU and its product), and norms, softmax and
+// attention accumulate in fp32. Summation orders differ from ATen's, so results agree to bf16
+// rounding, not bit for bit. The residual stream x (the layer's input and output) is either
+// bf16, its adds rounded as in the eager module, or fp32 (the caller's choice, by x's dtype):
+// then the output and down projections write fp32, the adds are not rounded, and bf16 is
+// only what enters a projection, the attention and the SiLU, which keeps the served model's
+// log-likelihood near fp32 activations' (docs/benchmarks.md).
 //
 // Batch invariance: every row's arithmetic is fixed whatever the other rows are (the matmuls
 // guarantee it for theirs, the rest is row by row). Attention of a query at position p
@@ -43,6 +47,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "bf16_gemm.h"
@@ -58,43 +63,58 @@ using specserve_native::store_bf16x8;
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-// out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) per row, like RMSNorm.forward.
-void rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t H,
-              float eps) {
+// Eight values of a residual stream in bf16 (uint16_t) or fp32, loaded as fp32; stored back
+// rounded to bf16 or as they are.
+inline __m256 load_x8(const uint16_t* p) { return load_bf16x8(p); }
+inline __m256 load_x8(const float* p) { return _mm256_loadu_ps(p); }
+inline void store_x8(uint16_t* p, __m256 v) { store_bf16x8(p, v); }
+inline void store_x8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+
+// v rounded to bf16 where the eager module rounds (eager), v as it is otherwise.
+inline __m256 eager_round(__m256 v, bool eager) { return eager ? round_bf16(v) : v; }
+
+// out = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))) per row, like RMSNorm.forward (eager), or
+// with one rounding, bf16(w * x * rsqrt(...)); x bf16 or fp32, the output bf16 either way.
+template <class X>
+void rms_norm(const X* x, const uint16_t* w, uint16_t* out, int64_t M, int64_t H, float eps,
+              bool eager) {
   for (int64_t m = 0; m < M; ++m) {
-    const uint16_t* xr = x + m * H;
+    const X* xr = x + m * H;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < H; i += 8) {
-      const __m256 v = load_bf16x8(xr + i);
+      const __m256 v = load_x8(xr + i);
       acc = _mm256_fmadd_ps(v, v, acc);
     }
     const float mean = specserve_native::reduce_add(acc) / static_cast<float>(H);
     const __m256 s = _mm256_set1_ps(1.0f / std::sqrt(mean + eps));
     for (int64_t i = 0; i < H; i += 8) {
-      const __m256 n = round_bf16(_mm256_mul_ps(load_bf16x8(xr + i), s));
+      const __m256 n = eager_round(_mm256_mul_ps(load_x8(xr + i), s), eager);
       store_bf16x8(out + m * H + i, _mm256_mul_ps(load_bf16x8(w + i), n));
     }
   }
 }
 
-// y[i] = bf16(a[i] + b[i]) over n values (n a multiple of 8).
-void add_bf16(const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 8)
-    store_bf16x8(y + i, _mm256_add_ps(load_bf16x8(a + i), load_bf16x8(b + i)));
+// y[i] = a[i] + b[i] over n values (n a multiple of 8), all bf16 (the sum rounded to bf16, as
+// the eager module's adds) or all fp32.
+template <class X>
+void add_to(const X* a, const X* b, X* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) store_x8(y + i, _mm256_add_ps(load_x8(a + i), load_x8(b + i)));
 }
 
 // In place on one head of hd values: the "rotate half" RoPE of apply_rotary, every product
-// and the sum rounded to bf16.
-void rope_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int64_t hd) {
+// and the sum rounded to bf16 (eager), or only the sum.
+void rope_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int64_t hd, bool eager) {
   const int64_t half = hd / 2;
   const __m256 zero = _mm256_setzero_ps();
   for (int64_t d = 0; d < half; d += 8) {
     const __m256 x1 = load_bf16x8(x + d), x2 = load_bf16x8(x + half + d);
     const __m256 lo =
-        _mm256_add_ps(round_bf16(_mm256_mul_ps(x1, load_bf16x8(cos + d))),
-                      round_bf16(_mm256_mul_ps(_mm256_sub_ps(zero, x2), load_bf16x8(sin + d))));
-    const __m256 hi = _mm256_add_ps(round_bf16(_mm256_mul_ps(x2, load_bf16x8(cos + half + d))),
-                                    round_bf16(_mm256_mul_ps(x1, load_bf16x8(sin + half + d))));
+        _mm256_add_ps(eager_round(_mm256_mul_ps(x1, load_bf16x8(cos + d)), eager),
+                      eager_round(_mm256_mul_ps(_mm256_sub_ps(zero, x2), load_bf16x8(sin + d)),
+                                  eager));
+    const __m256 hi =
+        _mm256_add_ps(eager_round(_mm256_mul_ps(x2, load_bf16x8(cos + half + d)), eager),
+                      eager_round(_mm256_mul_ps(x1, load_bf16x8(sin + half + d)), eager));
     store_bf16x8(x + d, lo);
     store_bf16x8(x + half + d, hi);
   }
@@ -236,15 +256,16 @@ void attend(const AttentionProblem& a, int64_t m, int64_t h) {
   }
 }
 
-// gate_up [M, 2I] (gate columns first) -> out [M, I] = bf16(bf16(silu(gate)) * up).
-void silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t M, int64_t I) {
+// gate_up [M, 2I] (gate columns first) -> out [M, I] = bf16(bf16(silu(gate)) * up) (eager),
+// or bf16(silu(gate) * up).
+void silu_mul(const uint16_t* gate_up, uint16_t* out, int64_t M, int64_t I, bool eager) {
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   for (int64_t m = 0; m < M; ++m) {
     const uint16_t* g = gate_up + m * 2 * I;
     for (int64_t i = 0; i < I; i += 8) {
       const __m256 x = load_bf16x8(g + i);
       const __m256 e = specserve_native::exp_ps(_mm256_sub_ps(zero, x));
-      const __m256 act = round_bf16(_mm256_div_ps(x, _mm256_add_ps(one, e)));
+      const __m256 act = eager_round(_mm256_div_ps(x, _mm256_add_ps(one, e)), eager);
       store_bf16x8(out + m * I + i, _mm256_mul_ps(act, load_bf16x8(g + I + i)));
     }
   }
@@ -306,7 +327,10 @@ struct Layer {
     STD_TORCH_CHECK(hd % 16 == 0 && H % 16 == 0, op,
                     ": head_dim and hidden must be multiples of 16");
     n_qkv = (nh + 2 * nkv) * hd;
-    check_bf16(x, M * H, op, "x");
+    STD_TORCH_CHECK(x.is_cpu() && x.is_contiguous() && x.numel() == M * H &&
+                        (x.scalar_type() == ScalarType::BFloat16 ||
+                         x.scalar_type() == ScalarType::Float),
+                    op, ": x must be a contiguous CPU bf16 or fp32 tensor of ", M * H, " values");
     check_bf16(k_cache, slots * nkv * hd, op, "k_cache");
     check_bf16(v_cache, slots * nkv * hd, op, "v_cache");
     check_bf16(cos, M * hd, op, "cos");
@@ -337,18 +361,22 @@ struct Layer {
   }
 };
 
-// Buffers reused from call to call (one set per calling thread).
+// Buffers reused from call to call (one set per calling thread and residual type X).
+template <class X>
 struct Scratch {
-  std::vector<uint16_t> h, qkv, attn, o, x1, gate_up, act, down;
+  std::vector<uint16_t> h, qkv, attn, gate_up, act;
+  std::vector<X> o, x1, down;  // what the residual stream adds, and the stream after attention
 };
 
 // The layer, with the projections of Proj: qkv(h, out [M, n_qkv]) (bias included),
-// o(attn, out [M, H]), gate_up(h, out [M, 2I]), down(act, out [M, H]).
-template <class Proj>
+// o(attn, out [M, H], f32), gate_up(h, out [M, 2I]), down(act, out [M, H], f32); the residual
+// stream in X (uint16_t: bf16, or float), and o's and down's outputs, and the layer's.
+template <class X, class Proj>
 Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   const int64_t M = L.M, H = L.H, nh = L.nh, nkv = L.nkv, hd = L.hd, n_qkv = L.n_qkv;
-  Tensor out = specserve_native::empty_2d(M, H, false);
-  thread_local Scratch s;
+  Tensor out = specserve_native::empty_2d(M, H, std::is_same_v<X, float>);
+  const X* x = static_cast<const X*>(L.x.const_data_ptr());
+  thread_local Scratch<X> s;
   s.h.resize(M * H);
   s.qkv.resize(M * n_qkv);
   s.attn.resize(M * nh * hd);
@@ -362,7 +390,10 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   const auto* slot = static_cast<const int64_t*>(L.slot_mapping.const_data_ptr());
   const auto* ctx = static_cast<const int64_t*>(L.context_slots.const_data_ptr());
 
-  rms_norm(bf16_data(L.x), bf16_data(L.input_norm), s.h.data(), M, H, feps);
+  // A bf16 stream rounds as the eager module does; an fp32 one only where a value is stored in
+  // bf16 (projection inputs and outputs, the cache, the attention output).
+  constexpr bool f32 = std::is_same_v<X, float>, eager = !f32;
+  rms_norm(x, bf16_data(L.input_norm), s.h.data(), M, H, feps, eager);
   proj.qkv(s.h.data(), M, s.qkv.data());
   auto* kc = static_cast<uint16_t*>(L.k_cache.mutable_data_ptr());
   auto* vc = static_cast<uint16_t*>(L.v_cache.mutable_data_ptr());
@@ -371,9 +402,9 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
     if (L.has_qk_norm)  // per head, in place (rms_norm reads a value before writing it)
       for (int64_t head = 0; head < nh + nkv; ++head)
         rms_norm(row + head * hd, bf16_data(head < nh ? L.q_norm : L.k_norm), row + head * hd, 1,
-                 hd, feps);
+                 hd, feps, eager);
     for (int64_t head = 0; head < nh + nkv; ++head)  // q heads, then k heads
-      rope_head(row + head * hd, bf16_data(L.cos) + m * hd, bf16_data(L.sin) + m * hd, hd);
+      rope_head(row + head * hd, bf16_data(L.cos) + m * hd, bf16_data(L.sin) + m * hd, hd, eager);
     std::memcpy(kc + slot[m] * nkv * hd, row + nh * hd, nkv * hd * sizeof(uint16_t));
     std::memcpy(vc + slot[m] * nkv * hd, row + (nh + nkv) * hd, nkv * hd * sizeof(uint16_t));
   }
@@ -382,14 +413,21 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   torch::stable::parallel_for(0, M * nkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) attend(a, t / nkv, t % nkv);
   });
-  proj.o(s.attn.data(), M, s.o.data());
-  add_bf16(bf16_data(L.x), s.o.data(), s.x1.data(), M * H);
-  rms_norm(s.x1.data(), bf16_data(L.post_norm), s.h.data(), M, H, feps);
+  proj.o(s.attn.data(), M, s.o.data(), f32);
+  add_to(x, s.o.data(), s.x1.data(), M * H);
+  rms_norm(s.x1.data(), bf16_data(L.post_norm), s.h.data(), M, H, feps, eager);
   proj.gate_up(s.h.data(), M, s.gate_up.data());
-  silu_mul(s.gate_up.data(), s.act.data(), M, I);
-  proj.down(s.act.data(), M, s.down.data());
-  add_bf16(s.x1.data(), s.down.data(), static_cast<uint16_t*>(out.mutable_data_ptr()), M * H);
+  silu_mul(s.gate_up.data(), s.act.data(), M, I, eager);
+  proj.down(s.act.data(), M, s.down.data(), f32);
+  add_to(s.x1.data(), s.down.data(), static_cast<X*>(out.mutable_data_ptr()), M * H);
   return out;
+}
+
+// run_layer with the residual stream in x's dtype (checked: bf16 or fp32).
+template <class Proj>
+Tensor run_with_residual(Layer& L, const Proj& proj, int64_t I) {
+  if (L.x.scalar_type() == ScalarType::Float) return run_layer<float>(L, proj, I);
+  return run_layer<uint16_t>(L, proj, I);
 }
 
 // ------------------------------------------------------------------ quantised weights -----
@@ -404,16 +442,16 @@ struct QuantProj {
   void qkv(const uint16_t* h, int64_t M, uint16_t* out) const {
     specserve_native::quant_matmul(h, M, qkv_w, out, false);
     if (qkv_bias != nullptr)
-      for (int64_t m = 0; m < M; ++m) add_bf16(out + m * n_qkv, qkv_bias, out + m * n_qkv, n_qkv);
+      for (int64_t m = 0; m < M; ++m) add_to(out + m * n_qkv, qkv_bias, out + m * n_qkv, n_qkv);
   }
-  void o(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::quant_matmul(a, M, o_w, out, false);
+  void o(const uint16_t* a, int64_t M, void* out, bool f32) const {
+    specserve_native::quant_matmul(a, M, o_w, out, f32);
   }
   void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
     specserve_native::quant_matmul(h, M, gu_w, out, false);
   }
-  void down(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::quant_matmul(a, M, down_w, out, false);
+  void down(const uint16_t* a, int64_t M, void* out, bool f32) const {
+    specserve_native::quant_matmul(a, M, down_w, out, f32);
   }
 };
 
@@ -457,7 +495,7 @@ Tensor int4_decoder_layer(
   const bool has_bias = qkv_bias.numel() > 0;
   if (has_bias) check_bf16(qkv_bias, L.n_qkv, op, "qkv_bias");
   const QuantProj proj{qkv, o, gu, down, has_bias ? bf16_data(qkv_bias) : nullptr, L.n_qkv};
-  return run_layer(L, proj, I);
+  return run_with_residual(L, proj, I);
 }
 
 // ------------------------------------------------------------------ bf16 weights ----------
@@ -476,16 +514,16 @@ struct Bf16Proj {
         {v_w, b ? b + q_w.N + k_w.N : nullptr, out + q_w.N + k_w.N}};
     specserve_native::bf16_matmul_many(h, M, parts, 3, n_qkv, false);
   }
-  void o(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::bf16_matmul(a, M, o_w, nullptr, out, o_w.N, false);
+  void o(const uint16_t* a, int64_t M, void* out, bool f32) const {
+    specserve_native::bf16_matmul(a, M, o_w, nullptr, out, o_w.N, f32);
   }
   void gate_up(const uint16_t* h, int64_t M, uint16_t* out) const {
     const specserve_native::DenseMatmul parts[2] = {{gate_w, nullptr, out},
                                                     {up_w, nullptr, out + I}};
     specserve_native::bf16_matmul_many(h, M, parts, 2, 2 * I, false);
   }
-  void down(const uint16_t* a, int64_t M, uint16_t* out) const {
-    specserve_native::bf16_matmul(a, M, down_w, nullptr, out, down_w.N, false);
+  void down(const uint16_t* a, int64_t M, void* out, bool f32) const {
+    specserve_native::bf16_matmul(a, M, down_w, nullptr, out, down_w.N, f32);
   }
 };
 
@@ -521,7 +559,7 @@ Tensor bf16_decoder_layer(
   if (has_bias) check_bf16(qkv_bias, L.n_qkv, op, "qkv_bias");
   const Bf16Proj proj{q, k, v, o, gate, up, down, has_bias ? bf16_data(qkv_bias) : nullptr,
                       L.n_qkv, I};
-  return run_layer(L, proj, I);
+  return run_with_residual(L, proj, I);
 }
 
 }  // namespace
