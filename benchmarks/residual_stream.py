@@ -87,6 +87,8 @@ def _use(model: DecoderLM, fp32_stream: bool) -> None:
 def step_times(args: argparse.Namespace) -> None:
     served = load_model_with_weights(args.model, args.weights, dtype=torch.bfloat16)
     model = served.model
+    _use(model, True)
+    print(f"{args.model} {args.weights}, {fused_layer.describe(model)}; medians of {args.rounds}")
     times: dict[tuple[bool, int], list[float]] = {}
     for _ in range(args.rounds):
         for fp32_stream in (True, False):
@@ -99,7 +101,6 @@ def step_times(args: argparse.Namespace) -> None:
                     model.compute_logits(cache.forward([5 + i] * rows)[-1:])
                 ms = (time.perf_counter() - t0) / 20 * 1e3
                 times.setdefault((fp32_stream, rows), []).append(ms)
-    print(f"{args.model} {args.weights}, {fused_layer.describe(model)}; medians of {args.rounds}")
     print("| residual stream | 1-token step (ms) | 5-token step (ms) |")
     print("|---|---|---|")
     for fp32_stream in (True, False):
