@@ -259,10 +259,8 @@ def describe(model: DecoderLM) -> str:
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.kernel()}{bf16_stream}"
         mode = cast("int", fused.args[-1])
-        x8 = ""
-        if fused.short_mode & QUANTISED_X and int4_native.quantised_x():
-            x8 = ", x in int8 for one-row int4 matmuls"
-        x8 += bf16_stream
+        one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x()
+        x8 = (", x in int8 for one-row int4 matmuls" if one_row_x8 else "") + bf16_stream
         if mode & ~QUANTISED_X == TILES_SWITCHED and int4_native.amx_tiles():
             return f"native {fused.op} on AMX tiles{x8}"
         if mode & ~QUANTISED_X == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
