@@ -16,11 +16,12 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from specserve.bench.suites import UnknownSuiteError, get_prompts
-from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
+from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD, WeightFormat
 from specserve.models.decoder import DecoderLM
 from specserve.perf.arms import (
     ArmResult,
@@ -97,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     for i, fmt in enumerate(formats):
         t0 = time.perf_counter()
         target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
-        draft_fmt = args.draft_weights or fmt
-        draft = load_model_with_weights(args.draft, draft_fmt)  # type: ignore[arg-type]
+        draft_fmt = _draft_format(args.draft_weights, fmt, args.draft)
+        draft = load_model_with_weights(args.draft, draft_fmt)
         load_s = time.perf_counter() - t0
         optimize_for_decode(target.model, fast)
         optimize_for_decode(draft.model, fast)
@@ -110,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
             ]
             eos = tuple(target.tokenizer.eos_token_ids)
         tm, dm = target.model, draft.model
-        in_process = _in_process_arms(
-            fmt, tm, dm, arms_wanted, args.k, params, eos, args.draft_weights
-        )
+        in_process = _in_process_arms(fmt, tm, dm, arms_wanted, args.k, params, eos, draft_fmt)
         measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
         plain_by_fmt[fmt] = measured[0]
         results += measured
@@ -124,14 +123,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{_rss_gib():.2f} GiB (load {load_s:.1f} s)"
             )
         if fmt == "bf16" and "transformers" in arms_wanted:
-            if draft_fmt == "bf16":
-                hf_pair = (hf_from_decoder(tm), hf_from_decoder(dm))  # shares our weights
-                results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
-                del hf_pair
-            else:  # transformers shares our float weights: a quantised draft has none
-                results.append(
-                    ArmResult("transformers", error=f"needs the draft in bf16, not {draft_fmt}")
-                )
+            # transformers shares our float weights; a quantised draft has none, so its arms
+            # get the draft in bf16 (their assisted generation drafts with the same model)
+            hf_draft = dm if draft_fmt == "bf16" else load_model_with_weights(args.draft).model
+            hf_pair = (hf_from_decoder(tm), hf_from_decoder(hf_draft))
+            results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
+            del hf_pair, hf_draft
         del target, draft, tm, dm, in_process  # the arms hold the models
     if "transformers" in arms_wanted and "bf16" not in formats:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
@@ -193,6 +190,18 @@ def print_loglik(loglik: dict[str, float]) -> None:
         rel = (value - loglik[ref]) / abs(loglik[ref]) if loglik[ref] else 0.0
         parts.append(f"{name} {value:.4f} (Δ {value - loglik[ref]:+.4f}, {rel:+.3%} vs {ref})")
     print("mean log-likelihood per token of the held-out text: " + ", ".join(parts))
+
+
+def _draft_format(draft_weights: WeightFormat | None, fmt: str, draft: str) -> WeightFormat:
+    """The draft's format in the arms of target format ``fmt``: ``--draft-weights``, else
+    what ``serve`` picks beside such a target (``loading.gguf_stored.draft_format``: int4
+    beside a gguf or bf16 target where the native int4 kernels run), else ``fmt``."""
+    from specserve.loading.gguf_stored import draft_format
+    from specserve.loading.quant_cache import compute_dtype_for
+
+    target = cast("WeightFormat", fmt)
+    dtype = str(compute_dtype_for(target, None)).removeprefix("torch.")
+    return draft_format(draft_weights, target, draft, "cpu", dtype) or target
 
 
 def _in_process_arms(

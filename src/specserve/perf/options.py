@@ -28,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--draft-weights",
         choices=WEIGHT_FORMATS,
         default=None,
-        help="the draft's weight format in every arm (default: the target's format of the "
-        "arm's row); e.g. int4 beside a bf16 target, as `serve` and the main job run it",
+        help="the draft's weight format in every arm (default: what `serve` picks beside the "
+        "arm's target format: int4 beside gguf or bf16 where the native int4 kernels run, "
+        "else the target's format)",
     )
     p.add_argument("--prompts", default="palindrome,cat", help=f"comma list of {prompt_ids}")
     p.add_argument("--max-tokens", type=int, default=96)

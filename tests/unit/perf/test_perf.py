@@ -255,3 +255,22 @@ def test_draft_weights_flag_names_the_drafts_format_in_its_arms() -> None:
     ]
     same = [a.name for a in _in_process_arms("int4", model, model, wanted, 4, params, (), "int4")]
     assert same[1] == "specserve int4 draft k=4"
+
+
+def test_the_draft_defaults_to_the_format_serve_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--draft-weights`` a format's arms draft in the format ``serve`` would pick
+    beside that target: int4 beside gguf or bf16 where the native int4 kernels run, the
+    target's format otherwise; the flag always wins."""
+    from specserve.models.native import int4_native
+    from specserve.perf.main import _draft_format
+
+    draft = "a/hf-directory"  # not a GGUF file: no format of its own
+    monkeypatch.setattr(int4_native, "available", lambda: True)
+    assert _draft_format(None, "gguf", draft) == "int4"
+    assert _draft_format(None, "bf16", draft) == "int4"
+    assert _draft_format(None, "int8", draft) == "int8"
+    assert _draft_format(None, "fp32", draft) == "fp32"  # fp32 compute: no int4 kernel
+    assert _draft_format("bf16", "gguf", draft) == "bf16"
+    monkeypatch.setattr(int4_native, "available", lambda: False)
+    assert _draft_format(None, "bf16", draft) == "bf16"
+    assert _draft_format(None, "int4", draft) == "int4"
