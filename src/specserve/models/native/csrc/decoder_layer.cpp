@@ -20,9 +20,10 @@
 // attention accumulate in fp32. Summation orders differ from ATen's, so results agree to bf16
 // rounding, not bit for bit. The residual stream x (the layer's input and output) is either
 // bf16, its adds rounded as in the eager module, or fp32 (the caller's choice, by x's dtype):
-// then the output and down projections write fp32, the adds are not rounded, and bf16 is
-// only what enters a projection, the attention and the SiLU, which keeps the served model's
-// log-likelihood near fp32 activations' (docs/benchmarks.md).
+// then the output and down projections write fp32, the adds are not rounded, norms, RoPE and
+// SiLU round once where they hand a value on, and bf16 is only what enters a projection, the
+// KV cache and the attention output, which keeps the served model's logits nearer fp32
+// activations' (docs/benchmarks.md).
 //
 // Batch invariance: every row's arithmetic is fixed whatever the other rows are (the matmuls
 // guarantee it for theirs, the rest is row by row). Attention of a query at position p
