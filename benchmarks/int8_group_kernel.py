@@ -20,8 +20,10 @@ the 1 / 2 KiB of the int4 / int8 kernels' other runs), or with ``--switch layout
 packings of their weights (each group's constants inline in its tile's stream, as loaded,
 or apart in their own tensor: the same codes and constants), medians of ``--rounds``; the two
 settings give identical logits. ``--switch amx`` alternates the int4 and six-bit matmuls on
-the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``; their sums round
-differently, so it prints the largest logit difference instead.
+the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``, and ``--switch superblocks``
+the six-bit weights with superblock constants (as loaded where the CPU runs them) and with
+per-group fp16 constants; their sums round differently, so these print the largest logit
+difference instead.
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
@@ -33,6 +35,7 @@ differently, so it prints the largest logit difference instead.
         --model qwen2.5-coder-0.5b-instruct --max-new 16
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch superblocks --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
 
 ``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
@@ -153,6 +156,7 @@ SWITCHES = {
     "sweep": ("SPECSERVE_SWEEP_PREFETCH", "sweep prefetch", "per-tile prefetch"),
     "layout": ("layout", "constants inline", "constants apart"),
     "codes": ("codes", "six-bit codes", "byte codes"),
+    "superblocks": ("superblocks", "superblock constants", "per-group fp16 constants"),
     "amx": ("SPECSERVE_QUANT_AMX", "AMX tiles", "AVX-512 BF16"),
     "distance": (
         "SPECSERVE_ONE_TILE_PREFETCH",
@@ -169,6 +173,7 @@ def _byte_codes(p):  # type: ignore[no-untyped-def]  # an Int8Packed
 
     if getattr(p, "code_bits", 8) == 8:
         return p
+    p = _per_group(p)
     tiles, ngroups, gs = p.qweight.shape[0], p.qweight.shape[1], p.group_size
     qweight, scales, codes, constants = tile_stream.allocate(
         tiles, p.in_features, gs, 4, torch.int8, True
@@ -176,6 +181,19 @@ def _byte_codes(p):  # type: ignore[no-untyped-def]  # an Int8Packed
     codes.copy_(p.code_blocks().view(tiles, ngroups, gs // 4, 64))
     constants.copy_(p.constants())
     return type(p)(qweight, scales, p.row_scale, p.out_features, gs)
+
+
+def _per_group(p):  # type: ignore[no-untyped-def]  # an Int8Packed
+    """A weight with superblock constants again with per-group fp16 constants (six-bit codes,
+    other weights as they are): the same codes and weights."""
+    from specserve.models.native import int8_native, superblock
+    from specserve.models.quant.int8_group import Int8GroupWeight
+
+    if not getattr(p, "superblock_form", 0):
+        return p
+    codes, scale, offset = superblock.unpack(p.qweight, p.out_features, p.group_size)
+    weight = Int8GroupWeight(codes, scale, offset, 16)
+    return int8_native.pack(weight, code_bits=6, superblocks=False)
 
 
 def _apart(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed
@@ -203,7 +221,10 @@ def _layout_setter(model: torch.nn.Module, switch: str) -> Callable[[str], None]
         raise SystemExit(f"--switch {switch} needs the native kernels with inline constants")
     if switch == "codes" and not any(getattr(m.native, "code_bits", 8) == 6 for m in linears):
         raise SystemExit("--switch codes: no projection has six-bit codes")
-    repack = _apart if switch == "layout" else _byte_codes
+    superblocks = [getattr(m.native, "superblock_form", 0) for m in linears]
+    if switch == "superblocks" and not any(superblocks):
+        raise SystemExit("--switch superblocks: no projection has superblock constants")
+    repack = {"layout": _apart, "codes": _byte_codes, "superblocks": _per_group}[switch]
     packs: dict[str, list[object]] = {
         "1": [m.native for m in linears],
         "0": [repack(m.native) for m in linears],
@@ -235,7 +256,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
 
     env, on_label, off_label = SWITCHES[switch]
     model = load_in_format(model_name, "gguf", torch.bfloat16).model
-    packing = env in ("layout", "codes")
+    packing = env in ("layout", "codes", "superblocks")
     put = _layout_setter(model, env) if packing else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
     new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640]
@@ -259,7 +280,8 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
                 times[(setting, t)].append(step(setting, t)[0])
     pairs = [(step("1", t)[1], step("0", t)[1]) for t in sizes]
     same = all(torch.equal(a, b) for a, b in pairs)
-    # the AMX tiles round their sums differently: how far apart the logits are instead
+    # the AMX tiles (and superblock constants) round their sums differently: how far apart
+    # the logits are instead
     apart = max(float((a.float() - b.float()).abs().max()) for a, b in pairs)
     if packing:
         put("1")
@@ -283,7 +305,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
         + ", ".join(f"{t}: {ratio[t]:.2f}" for t in sizes)
         + (
             f"; identical logits: {'yes' if same else 'NO'}"
-            if env != "SPECSERVE_QUANT_AMX"
+            if env not in ("SPECSERVE_QUANT_AMX", "superblocks")
             else f"; largest logit difference {apart:.3g}"
         )
         + f" ({rounds} rounds)"

@@ -11,7 +11,7 @@ import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import DecoderLayer, DecoderLM
-from specserve.models.native import fused_layer, int4_native, int8_native
+from specserve.models.native import fused_layer, int4_native, int8_native, superblock
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 from specserve.models.quant.layers import Int4Linear
 from specserve.models.quant.quantize import quantize_model
@@ -36,9 +36,33 @@ _PROJ = {
 }
 
 
-def _int8_group(w: torch.Tensor, bits: int = 8) -> Int8GroupWeight:
+def _k_quant_group(w: torch.Tensor, offsets: bool) -> Int8GroupWeight:
+    """Codes -32..31 in groups of ``GROUP`` with the K-quants' constants (per row and 64
+    inputs an fp16 ``d`` times int8 scale codes, and with ``offsets`` an fp16 ``dmin`` times
+    codes 0..63, Q4_K's ``−dmin·m``): what the kernel packs with superblock constants."""
+    n, k = w.shape
+    g = w.float().view(n, k // GROUP, GROUP)
+    per = 64 // GROUP
+    offset = torch.zeros(n, k // GROUP)
+    if offsets:
+        gen = torch.Generator().manual_seed(n + k)
+        dmin = (g.abs().amax(-1).view(n, -1, per).amax(-1) / 500).half().float()
+        m = torch.randint(0, 64, (n, k // GROUP), generator=gen).float()
+        offset = -(dmin.repeat_interleave(per, dim=1) * m)
+    centred = g - offset[..., None]
+    ideal = (centred.abs().amax(-1) / 31).clamp(min=1e-6)
+    d = (ideal.view(n, -1, per).amax(-1) / 127).half().float().repeat_interleave(per, dim=1)
+    scale = d * (ideal / d).round().clamp(1, 127)
+    codes = (centred / scale[..., None]).round().clamp(-32, 31)
+    return Int8GroupWeight(codes.to(torch.int8).view(n, k), scale, offset, GROUP)
+
+
+def _int8_group(w: torch.Tensor, bits: int | str = 8) -> Int8GroupWeight:
     """Asymmetric groups of ``GROUP`` inputs: codes -128..127 (``bits`` 8) or -32..31 (6,
-    which the kernel packs in six bits, as a Q6_K tensor's), offset = the code 0's value."""
+    which the kernel packs in six bits, as a Q6_K tensor's), offset = the code 0's value;
+    ``super`` / ``super+offsets``: :func:`_k_quant_group`."""
+    if isinstance(bits, str):
+        return _k_quant_group(w, offsets=bits == "super+offsets")
     n, k = w.shape
     half = 1 << (bits - 1)
     g = w.float().view(n, k // GROUP, GROUP)
@@ -50,11 +74,15 @@ def _int8_group(w: torch.Tensor, bits: int = 8) -> Int8GroupWeight:
 
 
 def _mixed_model(
-    int8: tuple[str, ...], family: str = "qwen2", int8_head: bool = False, bits: int = 8
+    int8: tuple[str, ...], family: str = "qwen2", int8_head: bool = False, bits: int | str = 8
 ) -> DecoderLM:
     """A tiny bf16 model quantised to int4 (group 32), then the projections named in ``int8``
     (and the LM head with ``int8_head``) replaced by int8-group ones of the float weights,
-    with ``bits``-bit codes."""
+    with ``bits``-bit codes (``super``, ``super+offsets``: six-bit codes with superblock
+    constants, skipped where the CPU does not run them)."""
+    if isinstance(bits, str) and not superblock.preferred():
+        pytest.skip("superblock constants run on the AVX-512 BF16 / VBMI / GFNI kernel only")
+    form = {"super": 1, "super+offsets": 2}.get(str(bits), 0)
     tiny = make_tiny_model(family, **SHAPE).to(torch.bfloat16)
     floats = []
     for layer in tiny.model.layers:
@@ -74,7 +102,11 @@ def _mixed_model(
                 old = getattr(parent, attr)
                 assert isinstance(old, Int4Linear)
                 new = Int8GroupLinear(_int8_group(parts[name], bits), old.bias, torch.bfloat16)
-                assert new.native is not None and new.native.code_bits == bits
+                assert new.native is not None
+                assert (new.native.code_bits, new.native.superblock_form) == (
+                    6 if form else bits,
+                    form,
+                )
                 setattr(parent, attr, new)
         if int8_head:
             head_weight = _int8_group(head, bits)
@@ -87,11 +119,11 @@ MIXES = [("qkv", "down"), ("o", "gate_up"), ("qkv", "o", "gate_up", "down")]
 
 
 @pytest.mark.parametrize("residual", ["fp32", "bf16"])
-@pytest.mark.parametrize("bits", [8, 6])
+@pytest.mark.parametrize("bits", [8, 6, "super", "super+offsets"])
 @pytest.mark.parametrize("int8", MIXES)
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_mixed_model_agrees_with_the_eager_layers(
-    family: str, int8: tuple[str, ...], bits: int, residual: str
+    family: str, int8: tuple[str, ...], bits: int | str, residual: str
 ) -> None:
     """Hidden states and logits agree with the reference of tests/fused_reference.py (the
     eager bf16 layers for a bf16 residual stream, fp32 activations for the default fp32 one),
@@ -116,16 +148,20 @@ def test_mixed_model_agrees_with_the_eager_layers(
 
 
 @pytest.mark.parametrize("tiles", ["0", "1"])
-@pytest.mark.parametrize("bits", [8, 6])
+@pytest.mark.parametrize("bits", [8, 6, "super", "super+offsets"])
 @pytest.mark.parametrize("int8", MIXES)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_verify_rows_equal_one_token_steps_bit_for_bit(
-    monkeypatch: pytest.MonkeyPatch, family: str, int8: tuple[str, ...], bits: int, tiles: str
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    int8: tuple[str, ...],
+    bits: int | str,
+    tiles: str,
 ) -> None:
     """A k + 1-token forward (and the LM head on its rows) gives each row the bits k + 1
     one-token forwards give, for k + 1 up to 16 (verify steps and prefill chunks), with byte
-    and with six-bit codes, and with the int4 and six-bit matmuls on the AMX tiles
-    (``SPECSERVE_QUANT_AMX=1``, where the CPU has them)."""
+    and with six-bit codes (superblock constants too), and with the int4 and six-bit
+    matmuls on the AMX tiles (``SPECSERVE_QUANT_AMX=1``, where the CPU has them)."""
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", tiles)
     model = _mixed_model(int8, family, int8_head=True, bits=bits)
     one = SingleSequenceCache(model, 64)

@@ -99,11 +99,11 @@ _Kernel = ModuleType  # int4_native, int8_native, bf16_native: available(), unav
 def _native_args(linear: object, what: str) -> tuple[object, ...]:
     """``(qweight, scales, row_scale, group_size)`` of a projection on a native kernel (the
     op tells the int4 and int8-group layouts apart by the qweight's dtype, and byte from
-    six-bit int8 codes by its dimensions)."""
+    six-bit int8 codes by its dimensions; superblock constants: the superblock)."""
     if not isinstance(linear, _QUANT_LINEARS) or linear.native is None:
         raise _NotFusable(f"{what} is not on the native int4 or int8-group kernel")
     p = linear.native
-    return (p.qweight, p.scales, p.row_scale, linear.group_size)
+    return (p.qweight, p.scales, p.row_scale, p.group_size)
 
 
 class _NotFusable(Exception):

@@ -50,7 +50,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from specserve.models.native import build, huge_pages, six_bit, tile_stream
+from specserve.models.native import build, huge_pages, six_bit, superblock, tile_stream
 from specserve.models.native.availability import Availability
 from specserve.models.native.int4_native import tile_constants
 
@@ -143,15 +143,20 @@ class Int8Packed(tile_stream.PackedTiles):
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit
-        layout (the constants always inline)."""
+        layout (the constants always inline: per group, or per superblock)."""
         q, gs = self.qweight, self.group_size
         if q.dim() != 4:
             return super()._layout_k()
         if gs <= 0 or gs % six_bit.UNIT_K:
             raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
-        if q.dtype != torch.int8 or q.shape[2:] != (six_bit.unit_blocks(gs) + 1, 64):
+        blocks = [six_bit.unit_blocks(gs) + 1]
+        if gs % 64 == 0:  # superblock constants, without and with offsets
+            units = six_bit.unit_blocks(gs)
+            blocks += [units + superblock.header_blocks(gs, o) for o in (False, True)]
+        if q.dtype != torch.int8 or q.shape[3] != 64 or q.shape[2] not in blocks:
+            also = f" (superblock constants: {blocks[1]} or {blocks[2]})" if gs % 64 == 0 else ""
             raise ValueError(
-                f"six-bit qweight must be int8 [Np/16, K/G, {six_bit.unit_blocks(gs) + 1}, 64] for "
+                f"six-bit qweight must be int8 [Np/16, K/G, {blocks[0]}, 64]{also} for "
                 f"group_size {gs}, got {q.dtype} {tuple(q.shape)}"
             )
         if self.scales.numel() or self.scales.dtype != torch.float16:
@@ -163,18 +168,30 @@ class Int8Packed(tile_stream.PackedTiles):
         """6 for six-bit codes, else 8."""
         return 6 if self.qweight.dim() == 4 else 8
 
+    @property
+    def superblock_form(self) -> int:
+        """0: per-group fp16 constants; six-bit codes with superblock constants
+        (:mod:`~specserve.models.native.superblock`): 1 without offsets, 2 with them."""
+        if self.code_bits == 8 or self.qweight.shape[2] == six_bit.unit_blocks(self.group_size) + 1:
+            return 0
+        head = self.qweight.shape[2] - six_bit.unit_blocks(self.group_size)
+        return 2 if head == superblock.header_blocks(self.group_size, True) else 1
+
     def code_blocks(self) -> torch.Tensor:
         """The byte code blocks, ``# [Np / 16, K / 4, 64]`` (six-bit codes: unpacked, a copy)."""
         if self.code_bits == 8:
             return super().code_blocks()
-        tiles = self.qweight.shape[0]
-        units = self.qweight[:, :, :-1].reshape(tiles, -1, 3, 64)
+        tiles, head = self.qweight.shape[0], self.qweight.shape[2] - 3 * (self.group_size // 16)
+        units = self.qweight[:, :, :-1] if head == 1 else self.qweight[:, :, head:]
+        units = units.reshape(tiles, -1, 3, 64)
         return six_bit.unpack_units(units).reshape(tiles, -1, 64)
 
     def constants(self) -> torch.Tensor:
         """As :meth:`PackedTiles.constants` (six-bit codes: a view into ``qweight``)."""
         if self.code_bits == 8:
             return super().constants()
+        if self.superblock_form:
+            raise ValueError("superblock constants have no per-group fp16 form")
         return tile_stream.group_views(self.qweight)[1]
 
 
@@ -187,7 +204,11 @@ def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
 
 
 def pack(
-    weight: GroupWeight, *, inline_constants: bool = True, code_bits: int | None = None
+    weight: GroupWeight,
+    *,
+    inline_constants: bool = True,
+    code_bits: int | None = None,
+    superblocks: bool | None = None,
 ) -> Int8Packed:
     """Repack ``weight`` for :func:`matmul` (a row chunk at a time: no big temporaries),
     with each group's constants inline in its tile's stream (the default) or apart in
@@ -199,9 +220,14 @@ def pack(
     kernels give both the same bits; where six-bit codes run as bf16 pairs
     (:func:`six_bit.dot_products`) their sums round differently.
 
+    ``superblocks``: True writes six-bit codes of 16-input groups with superblock constants
+    (:mod:`~specserve.models.native.superblock`: fewer bytes, the same weights), False never;
+    None (the default) wherever :func:`superblock.preferred` and the constants factor.
+
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
-            the scales / offsets are not finite, or ``code_bits=6`` where six bits do not fit.
+            the scales / offsets are not finite, ``code_bits=6`` where six bits do not fit, or
+            ``superblocks=True`` where the constants do not factor.
     """
     codes_all, gs = weight.codes, weight.group_size
     if codes_all.dtype != torch.int8 or codes_all.dim() != 2:
@@ -227,6 +253,15 @@ def pack(
             raise ValueError("six-bit codes must lie in -32 .. 31")
     elif code_bits != 8:
         raise ValueError(f"code_bits must be 6, 8 or None, got {code_bits}")
+    if superblocks and (code_bits != 6 or gs != six_bit.UNIT_K):
+        raise ValueError("superblock constants need six-bit codes in groups of 16")
+    wanted = superblocks or (superblocks is None and superblock.preferred())
+    if code_bits == 6 and gs == six_bit.UNIT_K and wanted:
+        sb = superblock.pack(codes_all, weight.scale.float(), weight.offset.float())
+        if sb is not None:
+            return Int8Packed(sb[0], torch.empty(0, dtype=torch.float16), sb[1], n, sb[2])
+        if superblocks:
+            raise ValueError("these constants have no superblock form (superblock.factor)")
     tiles = -(-n // TILE_ROWS)
     ngroups, bpg = k // gs, gs // BLOCK_K
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
@@ -306,18 +341,24 @@ def _load() -> str | None:
 
 
 def _self_test() -> str | None:
-    """Run the kernel on a small random weight, with byte codes and with six-bit codes: close
-    to a float64 reference, and each row of a 5-row call bit-identical to the same row alone
-    (catches a CPU without the ISA, which the op reports, and a miscompiled kernel)."""
+    """Run the kernel on a small random weight, with byte codes and with six-bit codes (with
+    superblock constants too, where the CPU runs them): close to a float64 reference, and
+    each row of a 5-row call bit-identical to the same row alone (catches a CPU without the
+    ISA, which the op reports, and a miscompiled kernel)."""
     gen = torch.Generator().manual_seed(0)
     n, k, gs = 37, 128, 16
     codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
     scale = torch.rand(n, k // gs, generator=gen) * 0.01 + 1e-3
     offset = torch.randn(n, k // gs, generator=gen) * 0.1
     x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
-    for weight in (_Weight(codes, scale, offset, gs), _Weight(codes >> 2, scale, offset, gs)):
+    # K-quant constants (fp16 d per 64 inputs times int8 codes): superblock constants where
+    # the CPU runs them
+    d = (torch.rand(n, k // 64, generator=gen) * 1e-3).half().float().repeat_interleave(4, 1)
+    k_quant = d * torch.randint(-128, 128, (n, k // gs), generator=gen).float()
+    weights = [_Weight(codes, scale, offset, gs), _Weight(codes >> 2, scale, offset, gs)]
+    for weight in [*weights, _Weight(codes >> 2, k_quant, torch.zeros_like(k_quant), gs)]:
         packed = pack(weight)
-        args = (packed.qweight, packed.scales, packed.row_scale, n, gs)
+        args = (packed.qweight, packed.scales, packed.row_scale, n, packed.group_size)
         try:
             y = torch.ops.specserve.int8_gemm(x, *args)
             rows = [torch.ops.specserve.int8_gemm(x[i : i + 1], *args) for i in range(5)]
@@ -327,7 +368,7 @@ def _self_test() -> str | None:
         w = (w + weight.offset.double()[..., None]).view(n, k)
         ref = x.double() @ w.T
         err = float((y.double() - ref).norm() / ref.norm())
-        what = f"{packed.code_bits}-bit codes"
+        what = f"{packed.code_bits}-bit codes" + (", superblocks" if packed.superblock_form else "")
         if not err < 1e-2:
             return f"self-test failed ({what}): relative error {err:.3g} against the reference"
         if not torch.equal(y, torch.cat(rows)):

@@ -717,16 +717,28 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
   // Empty scales: the constants are inline, one block after each group's code blocks.
   const bool inline_constants = scales.numel() == 0;
   int64_t ngroups = 0;
+  int super_form = 0;
   if (bits == 6) {
     // six-bit int8-group codes: [Np/16, K/G, 3 G/16 + 1, 64], G/16 units of three code blocks
-    // a group, then the constants (always inline)
+    // a group, then the constants (always inline); or, with superblock constants, G/16 units
+    // after H header blocks (1 + G/64 without offsets, 2 + G/32 with them)
     STD_TORCH_CHECK(group_size > 0 && group_size % 16 == 0, what,
                     ": six-bit codes need a group_size that is a positive multiple of 16");
-    STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
-                        qweight.size(2) == 3 * group_size / 16 + 1 &&
-                        qweight.size(3) == kBlockBytes && qweight.is_contiguous(),
-                    what, ": six-bit qweight must be contiguous int8 [Np/16, K/G, ",
-                    3 * group_size / 16 + 1, ", 64] for group_size ", group_size);
+    const int64_t units = 3 * group_size / 16;
+    const bool shape_ok = qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
+                          qweight.size(3) == kBlockBytes && qweight.is_contiguous();
+    if (shape_ok && group_size % 64 == 0 && qweight.size(2) == units + 1 + group_size / 64) {
+      super_form = 1;
+    } else if (shape_ok && group_size % 64 == 0 &&
+               qweight.size(2) == units + 2 + group_size / 32) {
+      super_form = 2;
+    } else {
+      STD_TORCH_CHECK(shape_ok && qweight.size(2) == units + 1, what,
+                      ": six-bit qweight must be contiguous int8 [Np/16, K/G, ", units + 1,
+                      ", 64] for group_size ", group_size,
+                      " (or with superblock constants: ", units + 1 + group_size / 64, " or ",
+                      units + 2 + group_size / 32, " blocks a group, G a multiple of 64)");
+    }
     STD_TORCH_CHECK(inline_constants, what,
                     ": six-bit codes keep their constants inline (scales must be empty fp16)");
     ngroups = qweight.size(1);
@@ -762,6 +774,7 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                  static_cast<const float*>(row_scale.const_data_ptr()), out_features,
                  ngroups * group_size, group_size, bits};
   w.inline_constants = inline_constants;
+  w.super_form = super_form;
   w.tile_bytes = qweight.size(1) * (bits == 6 ? qweight.size(2) : 1) * kBlockBytes;
   return w;
 }

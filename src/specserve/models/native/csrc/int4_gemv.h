@@ -29,11 +29,18 @@ struct PackedWeight {
   // invariant); kTilesPermitted (a draft model's calls of several rows: wherever the CPU and
   // OS have the tiles, since proposals need no batch invariance).
   int64_t tiles = 1;
+  // Six-bit codes with superblock constants (int8_gemv.cpp, superblock.py): 0 for the
+  // per-group fp16 constants; 1 when each superblock of group_size inputs opens with its rows'
+  // fp32 scale d and int8 scale codes of its 16-input sub-groups; 2 when fp32 offsets e and
+  // int8 offset codes follow them.
+  int super_form = 0;
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8
 // group (bits 8), either layout (empty scales: the constants inline), or int8 group with
-// six-bit codes (bits 6: qweight [Np / 16, K / G, 3 G / 16 + 1, 64], the constants inline),
+// six-bit codes (bits 6: qweight [Np / 16, K / G, 3 G / 16 + 1, 64], the constants inline;
+// or [Np / 16, K / G, 3 G / 16 + H, 64] with superblock constants, H header blocks:
+// 1 + G / 64, or 2 + G / 32 with offsets),
 // and returns their pointers. what: the caller's name for the weight, in the error messages.
 PackedWeight tile_packed_weight(const torch::stable::Tensor& qweight,
                                 const torch::stable::Tensor& scales,

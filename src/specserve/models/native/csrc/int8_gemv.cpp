@@ -114,6 +114,7 @@ struct Problem {
   bool sweep;              // the sweep prefetch (sweep_start in simd.h)
   int64_t one_tile_distance;  // prefetch distance of one-tile runs (one_tile_prefetch)
   int64_t M, N, K, ngroups, blocks_per_group;
+  int64_t groups_per_super;  // superblock constants: 16-input sub-groups a superblock
   int64_t tile_bytes;      // bytes of one tile in qweight
 };
 
@@ -695,6 +696,136 @@ void run_range_dot(const Problem& p, int64_t begin, int64_t end) {
     }
   }
 }
+
+// ---- six-bit codes with superblock constants ------------------------------------------------
+//
+// The K-quants' own form of the constants (superblock.py): per tile and superblock of S inputs
+// (S = group_size, a multiple of 64), H header blocks, then the S / 16 units of codes:
+//   block 0            d[16] fp32, the rows' superblock scales
+//   (offsets) block 1  e[16] fp32, the rows' superblock offsets
+//   S / 64 blocks      int8 scale codes: byte 16 j + i is sub-group j's code of row i
+//   (offsets) S / 64   int8 offset codes, laid out alike
+// w[n, k] = d[n] sc[n, j] code[n, k] + e[n] mo[n, j] for input k of sub-group j (16 inputs).
+// An fp16 d times a code of at most 8 bits is exact in fp32, so these constants hold Q6_K's
+// and Q4_K's exactly, in 6.6 - 7.3 bits a weight where per-group fp16 pairs took 8. Per
+// output (m, n):
+//   for each superblock:
+//     ys = yo = 0
+//     for each sub-group j:  a0, a1 as in run_block_dot (vdpbf16ps of (code + 160) with x)
+//                            ys = fma(sc_j, fma(-160, xsum[m, j], a0 + a1), ys)
+//                            yo = fma(mo_j, xsum[m, j], yo)             (offsets)
+//     y = fma(d, ys, y);  y = fma(e, yo, y)                             (offsets)
+//   out = y * row_scale
+// Fixed per output whatever M or the thread split, as every kernel here.
+template <int NT, int MR, bool kOffsets>
+void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
+  const __m512i pairs01 = _mm512_load_si512(kPairs01.idx);
+  const __m512i pairs23 = _mm512_load_si512(kPairs23.idx);
+  const __m512 minus160 = _mm512_set1_ps(-160.0f);
+  const int64_t tile_bytes = p.tile_bytes;
+  const int64_t groups = p.groups_per_super;
+  const int64_t code_blocks = groups / 4;  // blocks of one kind of sub-group codes
+
+  const int8_t* w[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
+  const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair j of row m0 + m at xk[j * MR + m]
+
+  __m512 y[NT][MR];
+  zero(y);
+  const int64_t nsuper = p.ngroups / groups;
+  for (int64_t sb = 0; sb < nsuper; ++sb) {
+    const int8_t* head[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) head[t] = w[t];
+    const int64_t header = (kOffsets ? 2 : 1) + (kOffsets ? 2 : 1) * code_blocks;
+    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    __m512 ys[NT][MR], yo[NT][MR];
+    zero(ys);
+    if constexpr (kOffsets) zero(yo);
+    for (int64_t j = 0; j < groups; ++j) {
+      __m512 a0[NT][MR], a1[NT][MR];
+      zero(a0);
+      zero(a1);
+      __m512i l0[NT], l1[NT], hb[NT];
+      next_unit<NT>(p, w, ahead, l0, l1, hb);
+      block_dots<0, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<1, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<2, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      block_dots<3, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+      xk += 8 * MR;  // 16 inputs: 8 pairs
+      const int64_t g = sb * groups + j;
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
+        const __m512 sc = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          const __m512 xg = _mm512_set1_ps(xs[m][g]);
+          const __m512 a = _mm512_fmadd_ps(minus160, xg, _mm512_add_ps(a0[t][m], a1[t][m]));
+          ys[t][m] = _mm512_fmadd_ps(sc, a, ys[t][m]);
+        }
+        if constexpr (kOffsets) {
+          const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(codes + code_blocks * kBlockBytes))));
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m)
+            yo[t][m] = _mm512_fmadd_ps(mo, _mm512_set1_ps(xs[m][g]), yo[t][m]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t]));
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(d, ys[t][m], y[t][m]);
+      if constexpr (kOffsets) {
+        const __m512 e = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(e, yo[t][m], y[t][m]);
+      }
+    }
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+template <int NT, bool kOffsets>
+void run_rows_super(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  switch (rows) {
+    case 1: run_block_super<NT, 1, kOffsets>(p, tile0, m0); break;
+    case 2: run_block_super<NT, 2, kOffsets>(p, tile0, m0); break;
+    case 3: run_block_super<NT, 3, kOffsets>(p, tile0, m0); break;
+    case 4: run_block_super<NT, 4, kOffsets>(p, tile0, m0); break;
+    case 5: run_block_super<NT, 5, kOffsets>(p, tile0, m0); break;
+    case 6: run_block_super<NT, 6, kOffsets>(p, tile0, m0); break;
+    case 7: run_block_super<NT, 7, kOffsets>(p, tile0, m0); break;
+    default: run_block_super<NT, 8, kOffsets>(p, tile0, m0); break;
+  }
+}
+
+// Tiles [begin, end), all rows, grouped as in run_range_dot.
+template <bool kOffsets>
+void run_range_super(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + kTileGroup <= end; t += kTileGroup)
+      run_block_super<kTileGroup, 1, kOffsets>(p, t, 0);
+  } else if (p.M <= 3) {
+    for (; t + 2 <= end; t += 2) run_rows_super<2, kOffsets>(p, t, 0, p.M);
+  }
+  const int64_t nblocks = num_row_blocks(p.M);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = block_start(p.M, i);
+      run_rows_super<1, kOffsets>(p, t, m0, block_start(p.M, i + 1) - m0);
+    }
+  }
+}
 #else
 constexpr bool kSixBitDot = false;
 #endif
@@ -784,12 +915,19 @@ bool int8_cpu_supported() { return avx2_supported(); }
 
 void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
   STD_TORCH_CHECK(w.bits == 8 || w.bits == 6, "int8_matmul: not an int8-group weight");
-  const int64_t K = w.K, ngroups = K / w.group_size;
+  // superblock constants: the inputs' sums are per 16-input sub-group
+  const int64_t sum_group = w.super_form != 0 ? 16 : w.group_size;
+  const int64_t K = w.K, ngroups = K / sum_group;
   const int64_t ntiles = (w.N + kTile - 1) / kTile;
   if (M == 0 || w.N == 0) return;
+#ifndef SPECSERVE_INT8_DOT
+  STD_TORCH_CHECK(w.super_form == 0,
+                  "int8_matmul: six-bit codes with superblock constants need the AVX-512 BF16 / "
+                  "VBMI / GFNI build of the kernel");
+#endif
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
-  group_sums(x, xsum.data(), M, K, w.group_size);
-  if (quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
+  group_sums(x, xsum.data(), M, K, sum_group);
+  if (w.super_form == 0 && quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
     const QuantTiles tiles{&w, x, xsum.data(), out, out_f32, M, amx_prefetch()};
     torch::stable::parallel_for(0, ntiles, amx_grain(K, M, 6), [&](int64_t begin, int64_t end) {
       quant_amx_range(tiles, begin, end);
@@ -799,7 +937,8 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
 #ifdef __AVX512F__
   const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
-  const bool dot = wide && layout == kSixBit && kSixBitDot;
+  // superblock constants run on their bf16-pair kernel only, whatever the switch
+  const bool dot = (wide && layout == kSixBit && kSixBitDot) || w.super_form != 0;
 #else
   const bool dot = false;
 #endif
@@ -829,6 +968,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.K = K;
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;  // byte-code blocks (six-bit: 4 a unit)
+  p.groups_per_super = w.group_size / 16;
   p.tile_bytes = w.tile_bytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
@@ -840,6 +980,14 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
 #ifdef SPECSERVE_INT8_DOT
+    if (w.super_form != 0) {
+      if (w.super_form == 2) {
+        run_range_super<true>(p, first, last);
+      } else {
+        run_range_super<false>(p, first, last);
+      }
+      return;
+    }
     if (dot) {
       run_range_dot(p, first, last);
       return;

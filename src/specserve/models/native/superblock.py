@@ -1,0 +1,174 @@
+"""Six-bit codes with superblock constants: the K-quants' own form of their group constants.
+
+A GGUF K-quant block holds, per superblock of 256 inputs of a row, an fp16 scale ``d`` (and
+for Q4_K / Q5_K an fp16 ``dmin``) and per sub-group a small integer scale code ``sc`` (and
+minimum code ``m``): a sub-group's scale is ``d·sc``, its offset ``−dmin·m``. Per-group fp16
+constants, the int8-group kernel's usual form, spend 32 bits a sub-group on what the file
+stores in 6 - 8; for Q6_K's sub-groups of 16 that is 8 bits a weight against the file's 6.56.
+Here each sub-group keeps an int8 scale code (and offset code), each superblock an fp32 ``d``
+(and ``e``): 6.6 bits a weight without offsets, 7.3 with them, and the constants exact.
+
+:func:`factor` recovers such a form from any per-group constants that have it (it does not
+need to know the file: the K-quants' products ``d·sc`` are exact in fp32, and a superblock's
+scales share the factor ``d`` up to the greatest common divisor of their codes); :func:`pack`
+writes the layout that ``int8_gemv.cpp``'s ``run_block_super`` reads. Only that kernel (AVX-512
+BF16, VBMI and GFNI) reads it, so :func:`preferred` says where to write it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specserve.models.native import build, huge_pages, int4_native, six_bit
+from specserve.models.native.tile_stream import BLOCK_BYTES, TILE_ROWS
+
+__all__ = ["SUPERBLOCK", "factor", "header_blocks", "pack", "preferred"]
+
+SUPERBLOCK = 256  # inputs a superblock (the K-quants'); a multiple of 64
+_SUB = six_bit.UNIT_K  # inputs a sub-group: one six-bit unit
+_ENV_SWITCH = "SPECSERVE_SUPERBLOCK_CONSTANTS"
+_KERNEL_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
+_MAX_SHIFT = 38  # exponent spread a superblock's integers may take in int64
+
+
+def preferred() -> bool:
+    """Whether six-bit codes whose constants factor are packed with superblock constants:
+    where the library's bf16-pair kernel for them runs (a CPU with AVX-512 BW, VBMI, BF16 and
+    GFNI, the library built for it) and the AMX tiles are not on (they read per-group
+    constants), unless ``SPECSERVE_SUPERBLOCK_CONSTANTS=0``. Read on every call."""
+    if os.environ.get(_ENV_SWITCH, "").strip() == "0" or int4_native.amx_tiles():
+        return False
+    return all(flag in build.cpu_signature()[1] for flag in _KERNEL_FLAGS)
+
+
+def factor(values: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``values # [N, G] fp32`` (a constant per sub-group; ``per`` sub-groups a superblock,
+    dividing ``G``) as ``d # [N, G / per] fp32`` times int8 codes ``# [N, G]``, exactly
+    (``d·code == value`` in fp32), or None when some superblock has no such form.
+
+    Per superblock, each value is an integer times a power of two; with the smallest power
+    ``2^F`` common to all, ``d = ±g·2^F`` for ``g`` the integers' greatest common divisor,
+    and the codes are the integers over ``d``'s integer: the smallest codes of that form (the
+    sign chosen so that they fit in -128 .. 127).
+    """
+    n, groups = values.shape
+    if groups % per or values.dtype != torch.float32:
+        raise ValueError(f"values must be fp32 [N, a multiple of {per}]")
+    if not torch.isfinite(values).all():
+        return None
+    v = values.reshape(n, groups // per, per)
+    mant, exp = torch.frexp(v)  # v = mant · 2^exp, |mant| in [0.5, 1)
+    ints = torch.ldexp(mant, torch.full_like(exp, 24)).to(torch.int64)  # exact: 24 bits
+    power = (exp - 24).to(torch.int64)
+    nonzero = ints != 0
+    big = torch.iinfo(torch.int64).max
+    low = torch.where(nonzero, power, big).amin(dim=2, keepdim=True)
+    low = torch.where(low == big, 0, low)
+    shift = torch.where(nonzero, power - low, 0)
+    if int(shift.max()) > _MAX_SHIFT:
+        return None
+    whole = ints * torch.bitwise_left_shift(torch.ones_like(shift), shift)  # v = whole · 2^low
+    g = torch.zeros_like(whole[..., 0])
+    for j in range(per):
+        g = torch.gcd(g, whole[..., j])
+    g = torch.where(g == 0, 1, g)
+    codes = whole // g[..., None]
+    # a negative d (the K-quants allow one) may leave +128: take the other sign there
+    g = torch.where(codes.amax(dim=2) > 127, -g, g)
+    codes = whole // g[..., None]
+    if int(codes.min()) < -128 or int(codes.max()) > 127 or int(g.abs().max()) >= 1 << 24:
+        return None
+    d = torch.ldexp(g.to(torch.float64), low[..., 0].to(torch.float64)).to(torch.float32)
+    codes8 = codes.to(torch.int8).reshape(n, groups)
+    # the promise, checked: every value is d times its code, in fp32
+    back = (d[..., None] * codes.to(torch.float32)).reshape(n, groups)
+    if not torch.equal(back, values):
+        return None
+    return d, codes8
+
+
+def header_blocks(superblock: int, offsets: bool) -> int:
+    """64-byte blocks before a superblock's codes: ``d`` (and ``e``), then the scale codes
+    (and the offset codes), ``superblock / 64`` blocks each."""
+    kinds = 2 if offsets else 1
+    return kinds + kinds * superblock // 64
+
+
+def pack(
+    codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``(qweight, row_scale, S)`` of six-bit ``codes # [N, K] int8`` (in -32 .. 31) with
+    ``scale`` and ``offset # [N, K / 16] fp32`` in the superblock layout (``int8_gemv.cpp``):
+    ``qweight # [Np / 16, K / S, H + 3 S / 16, 64] int8``, per tile and superblock of ``S``
+    inputs ``H`` header blocks (:func:`header_blocks`; the offsets' only where some offset is
+    not zero) and ``S / 16`` six-bit units; ``row_scale`` is all ones. ``S`` is the largest of
+    256, 128 and 64 that divides ``K`` and over which the constants factor (:func:`factor`);
+    None where none does."""
+    n, k = codes.shape
+    if scale.shape != (n, k // _SUB) or k % _SUB:
+        return None
+    offsets = bool((offset != 0).any())
+    for superblock in (SUPERBLOCK, 128, 64):
+        if k % superblock == 0:
+            scaled = factor(scale.float(), superblock // _SUB)
+            shifted = factor(offset.float(), superblock // _SUB) if offsets else None
+            if scaled is not None and (shifted is not None or not offsets):
+                return _write(codes, scaled, shifted, superblock)
+    return None
+
+
+def _write(
+    codes: torch.Tensor,
+    scaled: tuple[torch.Tensor, torch.Tensor],
+    shifted: tuple[torch.Tensor, torch.Tensor] | None,
+    superblock: int,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    n, k = codes.shape
+    per, offsets = superblock // _SUB, shifted is not None
+    pad = -n % TILE_ROWS
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, 0, 0, pad))
+    tiles, nsuper = (n + pad) // TILE_ROWS, k // superblock
+    head = header_blocks(superblock, offsets)
+    qweight = huge_pages.empty((tiles, nsuper, head + 3 * per, BLOCK_BYTES), torch.int8)
+    units = qweight[:, :, head:].view(tiles, nsuper, per, 3, BLOCK_BYTES)
+    units.copy_(six_bit.pack_units(codes).view(tiles, nsuper, per, 3, BLOCK_BYTES))
+    parts = [scaled] if shifted is None else [scaled, shifted]
+    kinds = len(parts)
+    for i, (d, c) in enumerate(parts):
+        d = torch.nn.functional.pad(d, (0, 0, 0, pad)).view(tiles, TILE_ROWS, nsuper)
+        qweight[:, :, i].view(torch.float32).copy_(d.permute(0, 2, 1))
+        c = torch.nn.functional.pad(c, (0, 0, 0, pad)).view(tiles, TILE_ROWS, nsuper, per)
+        first = kinds + i * (superblock // 64)
+        block = qweight[:, :, first : first + superblock // 64].view(tiles, nsuper, per, 16)
+        block.copy_(c.permute(0, 2, 3, 1))
+    return qweight, torch.ones(tiles * TILE_ROWS, dtype=torch.float32), superblock
+
+
+def unpack(
+    qweight: torch.Tensor, out_features: int, superblock: int = SUPERBLOCK
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`pack`: ``(codes # [N, K] int8, scale, offset # [N, K / 16]
+    fp32)`` of a superblock ``qweight``, the constants ``d·code`` (exact)."""
+    tiles, nsuper, blocks, _ = qweight.shape
+    per = superblock // _SUB
+    head = blocks - 3 * per
+    kinds = 2 if head == header_blocks(superblock, True) else 1
+    if head != header_blocks(superblock, kinds == 2):
+        raise ValueError(f"not a superblock qweight for superblock {superblock}: {blocks} blocks")
+    units = qweight[:, :, head:].reshape(tiles, nsuper * per, 3, BLOCK_BYTES)
+    byte_blocks = six_bit.unpack_units(units)  # [T, K / 4, 64]: byte h*32 + c*8 + r
+    k = nsuper * superblock
+    codes = byte_blocks.view(tiles, k // 4, 2, 4, 8).permute(0, 2, 4, 1, 3)  # [T, h, r, B, c]
+    codes = codes.reshape(tiles * TILE_ROWS, k)[:out_features]
+    values = []
+    for i in range(kinds):
+        d = qweight[:, :, i].contiguous().view(torch.float32)  # [T, S, 16]
+        first = kinds + i * (superblock // 64)
+        c = qweight[:, :, first : first + superblock // 64].reshape(tiles, nsuper, per, 16)
+        v = d[:, :, None, :] * c.to(torch.float32)  # [T, S, per, 16]
+        values.append(v.permute(0, 3, 1, 2).reshape(tiles * TILE_ROWS, -1)[:out_features])
+    offset = values[1] if kinds == 2 else torch.zeros_like(values[0])
+    return codes.contiguous(), values[0].contiguous(), offset.contiguous()

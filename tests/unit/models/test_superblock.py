@@ -1,0 +1,208 @@
+"""Six-bit codes with superblock constants (models/native/superblock.py): the factoring of
+per-group constants into an fp32 superblock scale times int8 codes (exact, or refused), the
+packed layout and its inverse, when :func:`int8_native.pack` writes it, the checks of such a
+weight, and the kernel that reads it (AVX-512 BF16 / VBMI / GFNI hosts): close to a float64
+reference, exact constants (fp32 outputs within fp32 rounding), rows batch invariant, and the
+real Q6_K tensors of the default GGUF file."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specserve.models.native import int8_native, superblock
+from specserve.models.native.int8_native import Int8Packed, matmul, pack
+from specserve.models.quant.int8_group import Int8GroupWeight
+
+kernel = pytest.mark.skipif(
+    not (int8_native.available() and superblock.preferred()),
+    reason="superblock constants run on the AVX-512 BF16 / VBMI / GFNI kernel only",
+)
+
+
+def k_quant(
+    n: int, k: int, seed: int = 0, offsets: bool = False, sign: int = 1, span: int = 0
+) -> Int8GroupWeight:
+    """Codes in -32 .. 31 in groups of 16 with K-quant constants: per row and ``span`` inputs
+    (default 256, or 64 where K is no multiple of 256) an fp16 ``d`` (negative with ``sign``
+    -1) times int8 scale codes, and with ``offsets`` an fp16 ``dmin`` times minimum codes
+    0 .. 63 (Q4_K's ``−dmin·m``)."""
+    gen = torch.Generator().manual_seed(seed)
+    span = span or (256 if k % 256 == 0 else 64)
+    codes = torch.randint(-32, 32, (n, k), dtype=torch.int8, generator=gen)
+    d = (sign * (torch.rand(n, k // span, generator=gen) * 1e-3 + 1e-4)).half().float()
+    sc = torch.randint(-128, 128, (n, k // 16), generator=gen).float()
+    scale = d.repeat_interleave(span // 16, dim=1) * sc
+    offset = torch.zeros_like(scale)
+    if offsets:
+        dmin = (torch.rand(n, k // span, generator=gen) * 1e-3).half().float()
+        m = torch.randint(0, 64, (n, k // 16), generator=gen).float()
+        offset = -(dmin.repeat_interleave(span // 16, dim=1) * m)
+    return Int8GroupWeight(codes, scale, offset, 16)
+
+
+# ---------------------------------------------------------------- factoring ------------------
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_factor_recovers_the_k_quant_form_exactly(sign: int) -> None:
+    w = k_quant(40, 512, sign=sign)
+    factored = superblock.factor(w.scale, 16)
+    assert factored is not None
+    d, codes = factored
+    assert d.shape == (40, 2) and codes.dtype == torch.int8 and codes.shape == (40, 32)
+    back = d.repeat_interleave(16, dim=1) * codes.float()
+    assert torch.equal(back, w.scale)
+
+
+def test_factor_takes_the_sign_that_keeps_minus_128() -> None:
+    """A negative d times a code -128 is +128 times -d: the codes stay in int8 either way."""
+    d = torch.tensor([[-0.5]])
+    values = d * torch.tensor([[-128.0, 3.0, 0.0, 5.0]])
+    factored = superblock.factor(values, 4)
+    assert factored is not None
+    assert torch.equal(factored[0] * factored[1].float(), values)
+    assert int(factored[1].min()) >= -128 and int(factored[1].max()) <= 127
+
+
+def test_factor_handles_zero_superblocks() -> None:
+    values = torch.zeros(3, 8)
+    factored = superblock.factor(values, 4)
+    assert factored is not None and not factored[1].any()
+    assert factored[0].shape == (3, 2)
+    assert torch.equal(factored[0].repeat_interleave(4, dim=1) * factored[1].float(), values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        torch.tensor([[1.0, 1000.0, 3.0, 7.0]]),  # codes beyond int8 after the gcd
+        torch.tensor([[0.1, 0.7, 0.3, 1e-3]]),  # no common factor with small codes
+        torch.tensor([[1.0, float("nan"), 2.0, 3.0]]),
+        torch.tensor([[1.0, 2.0**-60, 2.0, 3.0]]),  # exponents too far apart
+    ],
+)
+def test_factor_refuses_constants_without_the_form(values: torch.Tensor) -> None:
+    assert superblock.factor(values, 4) is None
+
+
+def test_factor_rejects_a_partial_superblock() -> None:
+    with pytest.raises(ValueError, match="multiple of 4"):
+        superblock.factor(torch.ones(2, 6), 4)
+
+
+# ---------------------------------------------------------------- layout (no kernel) --------
+
+
+@pytest.mark.parametrize(("n", "k", "size"), [(40, 512, 256), (21, 192, 64), (16, 512, 128)])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_pack_and_unpack_round_trip(n: int, k: int, size: int, offsets: bool) -> None:
+    w = k_quant(n, k, offsets=offsets, span=size)  # the largest superblock that factors
+    packed = superblock.pack(w.codes, w.scale, w.offset)
+    assert packed is not None
+    qweight, row_scale, chosen = packed
+    assert chosen == size
+    head = superblock.header_blocks(size, offsets)
+    assert qweight.shape == (-(-n // 16), k // size, head + 3 * size // 16, 64)
+    assert torch.equal(row_scale, torch.ones(qweight.shape[0] * 16))
+    codes, scale, offset = superblock.unpack(qweight, n, size)
+    assert torch.equal(codes, w.codes) and torch.equal(scale, w.scale)
+    assert torch.equal(offset, w.offset)
+
+
+def test_the_layout_takes_fewer_bytes_than_per_group_constants() -> None:
+    w = k_quant(64, 1024)
+    per_group = pack(w, code_bits=6, superblocks=False)
+    packed = pack(w, code_bits=6, superblocks=True)
+    assert packed.superblock_form == 1 and per_group.superblock_form == 0
+    assert packed.nbytes() < 0.84 * per_group.nbytes()  # 53 blocks a superblock against 64
+    assert torch.equal(packed.code_blocks(), per_group.code_blocks())
+    with pytest.raises(ValueError, match="no per-group fp16 form"):
+        packed.constants()
+
+
+def test_pack_chooses_superblocks_where_preferred(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSERVE_SIX_BIT_CODES", "1")
+    w = k_quant(32, 256)
+    assert pack(w).superblock_form == (1 if superblock.preferred() else 0)
+    monkeypatch.setenv("SPECSERVE_SUPERBLOCK_CONSTANTS", "0")
+    assert not superblock.preferred()
+    assert pack(w).superblock_form == 0
+    # constants without the form keep per-group constants, asked or not
+    w.scale[0, 0] = 0.123456
+    assert pack(w, superblocks=None).superblock_form == 0
+    with pytest.raises(ValueError, match="no superblock form"):
+        pack(w, superblocks=True)
+    with pytest.raises(ValueError, match="six-bit codes in groups of 16"):
+        pack(w, code_bits=8, superblocks=True)
+
+
+def test_packed_weight_checks_the_superblock_shapes() -> None:
+    packed = pack(k_quant(16, 256, offsets=True), code_bits=6, superblocks=True)
+    assert packed.superblock_form == 2 and packed.in_features == 256
+    bad = packed.qweight[:, :, 1:].contiguous()
+    with pytest.raises(ValueError, match="six-bit qweight"):
+        Int8Packed(bad, packed.scales, packed.row_scale, 16, 256)
+
+
+# ---------------------------------------------------------------- the kernel ---------------
+
+
+@kernel
+@pytest.mark.parametrize("offsets", [False, True])
+@pytest.mark.parametrize(("n", "k"), [(37, 512), (160, 1536), (21, 192)])
+def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
+    n: int, k: int, offsets: bool
+) -> None:
+    w = k_quant(n, k, seed=n, offsets=offsets, sign=-1 if n == 37 else 1)
+    packed = pack(w, code_bits=6, superblocks=True)
+    assert packed.superblock_form == (2 if offsets else 1)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(11, k, generator=gen).to(torch.bfloat16)
+    ref = x.double() @ w.dequantize().double().T
+    y32 = matmul(x.float(), packed)  # fp32 out: only the kernel's fp32 sums differ
+    assert float((y32.double() - ref).norm() / ref.norm()) < 1e-5
+    y = matmul(x, packed)
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    for rows in (1, 2, 3, 5, 8, 11):
+        parts = [matmul(x[i : i + rows], packed) for i in range(0, 11, rows)]
+        assert torch.equal(torch.cat(parts), y), rows
+
+
+@kernel
+def test_kernel_ignores_the_lane_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the bf16-pair kernel reads superblock constants: the switch that sends six-bit
+    codes to the fp32 kernels leaves these weights where they are."""
+    w = k_quant(48, 512)
+    packed = pack(w, code_bits=6, superblocks=True)
+    x = torch.randn(3, 512).to(torch.bfloat16)
+    y = matmul(x, packed)
+    monkeypatch.setenv("SPECSERVE_INT8_AVX512", "0")
+    assert torch.equal(matmul(x, packed), y)
+
+
+@kernel
+@pytest.mark.slow
+def test_the_default_files_q6_k_tensors_take_superblock_constants() -> None:
+    """The 1.5B's LM head and a Q6_K down projection: their constants factor, and the
+    kernel's fp32 outputs equal a float64 product of llama.cpp's dequantisation to fp32
+    rounding."""
+    import gguf
+
+    from specserve.loading.gguf_blocks import decode
+    from specserve.loading.loader import resolve_source
+
+    path = resolve_source("qwen2.5-coder-1.5b-instruct")[1]  # fetched on first use
+    reader = gguf.GGUFReader(str(path))
+    for t in reader.tensors:
+        if t.name not in ("output.weight", "blk.0.ffn_down.weight"):
+            continue
+        blocks = decode(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0])))
+        assert blocks is not None and blocks.source_type == "Q6_K"
+        w = Int8GroupWeight(blocks.codes[:2048], blocks.scale[:2048], blocks.offset[:2048], 16)
+        packed = pack(w, code_bits=6, superblocks=True)
+        assert packed.superblock_form == 1 and packed.group_size == 256
+        x = torch.randn(4, w.in_features).to(torch.bfloat16)
+        ref = x.double() @ blocks.dequantize()[:2048].double().T
+        y = matmul(x.float(), packed)
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
