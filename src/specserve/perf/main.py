@@ -34,7 +34,7 @@ from specserve.perf.arms import (
     run_transformers,
     spec_arm,
 )
-from specserve.perf.options import PROMPT_SUITE
+from specserve.perf.options import ARM_GROUPS, PROMPT_SUITE
 from specserve.perf.report import (
     HELD_OUT_TEXT,
     mean_log_likelihood,
@@ -65,7 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
     formats = [w for w in args.weights.split(",") if w]
     names = [n for n in args.prompts.split(",") if n]
-    arms_wanted = set(args.arms.split(","))
+    arms_wanted = {a for a in args.arms.split(",") if a}
+    unknown = sorted(arms_wanted - set(ARM_GROUPS))
+    if unknown:
+        print(
+            f"unknown arm group(s) {', '.join(unknown)}; known: {', '.join(ARM_GROUPS)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         chosen = get_prompts(PROMPT_SUITE, names)
     except UnknownSuiteError as e:
@@ -241,6 +248,22 @@ def _in_process_arms(
                 params,
                 eos,
             )
+        )
+    if "hybrid" in arms_wanted:
+
+        def hybrid():  # type: ignore[no-untyped-def]
+            return make_proposer(
+                "hybrid",
+                tm.cfg.vocab_size,
+                dm,
+                max_model_len=4096,
+                confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+            )
+
+        stop = DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0
+        name = f"specserve {fmt} hybrid {draft} k=adaptive"
+        arms.append(
+            spec_arm(name, tm, hybrid, lambda: KController(8, confidence_stop=stop), params, eos)
         )
     if "ngram" in arms_wanted:
         arms.append(

@@ -13,6 +13,10 @@ PROMPT_SUITE = "perf"
 """The registry suite whose prompt ids ``--prompts`` names (specserve.bench.suites)."""
 
 
+# The arm groups `--arms` takes.
+ARM_GROUPS = ("plain", "draft", "ngram", "hybrid", "fused", "transformers", "llamacpp", "vllm")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``specserve perf`` flags to ``p``."""
     prompt_ids = [prompt.id for prompt in get_suite(PROMPT_SUITE)]
@@ -46,7 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arms",
         default="plain,draft,ngram,fused,transformers,llamacpp",
-        help="which arm groups to run (also: vllm, which needs --vllm-python and --vllm-model-dir)",
+        help=f"which arm groups to run, of {', '.join(ARM_GROUPS)} (hybrid: suffix drafts where "
+        "they are accepted, the draft model otherwise, adaptive k; vllm needs --vllm-python "
+        "and --vllm-model-dir)",
     )
     p.add_argument(
         "--llama-python",

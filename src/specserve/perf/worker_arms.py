@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from specserve.perf.arms import ArmResult
+
+logger = logging.getLogger(__name__)
 
 
 def _run_worker(
@@ -105,8 +108,25 @@ def run_llamacpp(
                 loglik["llama.cpp"] = float(rec["loglik"])
             continue
         _add_record(arms[rec["mode"]], rec)
-    arms["plain"].bytes_per_token = gguf.stat().st_size  # tied embedding: all of it is read
+    arms["plain"].bytes_per_token = gguf_decode_bytes(gguf)
     return list(arms.values())
+
+
+def gguf_decode_bytes(path: Path) -> int | None:
+    """Bytes of a GGUF file's tensors that a plain decode step reads: all of them but the
+    token embedding, of which a step reads one row, unless the file has no ``output.weight``
+    (the embedding is then the LM head too, read whole). None: not a readable GGUF file."""
+    from gguf import GGUFReader
+
+    try:
+        tensors = GGUFReader(str(path)).tensors
+    except Exception as e:  # the reader raises what a truncated file makes it raise
+        logger.warning("%s: cannot read its tensors (%s); no bytes per token", path, e)
+        return None
+    total = sum(int(t.n_bytes) for t in tensors)
+    if any(t.name == "output.weight" for t in tensors):
+        total -= sum(int(t.n_bytes) for t in tensors if t.name == "token_embd.weight")
+    return total
 
 
 def vllm_env(python: str, threads: int, environ: Mapping[str, str]) -> dict[str, str]:

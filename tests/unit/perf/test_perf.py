@@ -44,6 +44,37 @@ def test_bytes_per_token_counts_weights_not_the_embedding_table() -> None:
     assert q4 < fp32 / 5
 
 
+@pytest.mark.parametrize("own_head", [True, False])
+def test_llama_cpp_bytes_per_token_skip_an_untied_embedding(tmp_path: Path, own_head: bool) -> None:
+    """A step reads every tensor of the file but one row of the token embedding, unless the
+    embedding is the LM head too (no ``output.weight``)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from specserve.perf.worker_arms import gguf_decode_bytes
+
+    path = tmp_path / "m.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    w.add_tensor("blk.0.ffn_up.weight", np.zeros((16, 32), dtype=np.float32))
+    if own_head:
+        w.add_tensor("output.weight", np.zeros((64, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    layer, table = 16 * 32 * 4, 64 * 32 * 4
+    assert gguf_decode_bytes(path) == layer + table  # the head, or the table read as the head
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"GGUF")
+    assert gguf_decode_bytes(fake) is None
+
+
+def test_unknown_arm_groups_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["perf", "--arms", "plain,hybird"]) == 2
+    assert "unknown arm group(s) hybird" in capsys.readouterr().err
+
+
 def test_quality_measures() -> None:
     assert common_prefix_fraction([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
     assert common_prefix_fraction([1, 2], [1, 2]) == 1.0
@@ -244,12 +275,13 @@ def test_draft_weights_flag_names_the_drafts_format_in_its_arms() -> None:
         build_parser().parse_args(["perf", "--draft-weights", "int3"])
     model = make_tiny_model("qwen2")
     params = SamplingParams(temperature=0.0, max_tokens=4)
-    wanted = {"draft", "ngram", "fused"}
+    wanted = {"draft", "hybrid", "ngram", "fused"}
     names = [a.name for a in _in_process_arms("bf16", model, model, wanted, 4, params, (), "int4")]
     assert names == [
         "specserve bf16 plain",
         "specserve bf16 int4 draft k=4",
         "specserve bf16 int4 draft k=adaptive",
+        "specserve bf16 hybrid int4 draft k=adaptive",
         "specserve bf16 ngram k=adaptive",
         "specserve bf16 fused int4 draft k=4",
     ]
@@ -274,3 +306,20 @@ def test_the_draft_defaults_to_the_format_serve_gives_it(monkeypatch: pytest.Mon
     monkeypatch.setattr(int4_native, "available", lambda: False)
     assert _draft_format(None, "bf16", draft) == "bf16"
     assert _draft_format(None, "int4", draft) == "int4"
+
+
+def test_the_hybrid_arm_gives_plain_decodings_tokens() -> None:
+    """Suffix drafts where they are accepted, the draft model otherwise, adaptive k: greedy
+    tokens equal plain decoding's, on a repetitive prompt and a plain one."""
+    from specserve.perf.main import _in_process_arms
+    from specserve.sampling_params import SamplingParams
+
+    model = make_tiny_model("qwen2")
+    draft = make_tiny_model("qwen2", seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    plain, hybrid = _in_process_arms("bf16", model, draft, {"hybrid"}, 4, params, ())
+    assert hybrid.name == "specserve bf16 hybrid draft k=adaptive"
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6, 7, 5], [9, 10, 11, 12]]
+    out = arms.run_interleaved([plain, hybrid], prompts)
+    assert out[0].token_ids == out[1].token_ids
+    assert all(len(t) == 16 for t in out[1].token_ids)
