@@ -227,44 +227,29 @@ def _in_process_arms(
 
     arms = [plain_arm(f"specserve {fmt} plain", tm, params, eos)]
     draft = "draft" if draft_weights in (None, fmt) else f"{draft_weights} draft"
+    stop = DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0
+
+    def with_draft(method: str):  # type: ignore[no-untyped-def]
+        """A factory of the draft-model method's proposer (a new one per decode)."""
+        return lambda: make_proposer(
+            method,
+            tm.cfg.vocab_size,
+            dm,
+            max_model_len=4096,
+            confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
+        )
+
+    def adaptive():  # type: ignore[no-untyped-def]
+        return KController(8, confidence_stop=stop)
+
     if "draft" in arms_wanted:
-
-        def factory():  # type: ignore[no-untyped-def]
-            return make_proposer(
-                "draft",
-                tm.cfg.vocab_size,
-                dm,
-                max_model_len=4096,
-                confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
-            )
-
+        factory = with_draft("draft")
         arms.append(spec_arm(f"specserve {fmt} {draft} k={k}", tm, factory, k, params, eos))
-        arms.append(
-            spec_arm(
-                f"specserve {fmt} {draft} k=adaptive",
-                tm,
-                factory,
-                lambda: KController(8, confidence_stop=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0),
-                params,
-                eos,
-            )
-        )
+        name = f"specserve {fmt} {draft} k=adaptive"
+        arms.append(spec_arm(name, tm, factory, adaptive, params, eos))
     if "hybrid" in arms_wanted:
-
-        def hybrid():  # type: ignore[no-untyped-def]
-            return make_proposer(
-                "hybrid",
-                tm.cfg.vocab_size,
-                dm,
-                max_model_len=4096,
-                confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
-            )
-
-        stop = DEFAULT_DRAFT_CONFIDENCE_THRESHOLD > 0
         name = f"specserve {fmt} hybrid {draft} k=adaptive"
-        arms.append(
-            spec_arm(name, tm, hybrid, lambda: KController(8, confidence_stop=stop), params, eos)
-        )
+        arms.append(spec_arm(name, tm, with_draft("hybrid"), adaptive, params, eos))
     if "ngram" in arms_wanted:
         arms.append(
             spec_arm(

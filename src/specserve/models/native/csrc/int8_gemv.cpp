@@ -615,21 +615,44 @@ inline void block_dots(const __m512i (&l0)[NT], const __m512i (&l1)[NT], const _
   }
 }
 
+// The streams of the six-bit bf16-pair kernels: tiles [tile0, tile0 + NT) of the weight and
+// the MR rows of x (and their group sums) from row m0.
 template <int NT, int MR>
-void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
+struct DotStreams {
   const __m512i pairs01 = _mm512_load_si512(kPairs01.idx);
   const __m512i pairs23 = _mm512_load_si512(kPairs23.idx);
-  const __m512 minus160 = _mm512_set1_ps(-160.0f);
-  const int64_t tile_bytes = p.tile_bytes;
-
   const int8_t* w[NT];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
-  const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
+  const char* ahead;
   const float* xs[MR];
+  const uint32_t* xk;  // pair j of row m0 + m at xk[j * MR + m]
+
+  DotStreams(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair j of row m0 + m at xk[j * MR + m]
+    for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
+    ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+    xk = p.xi + m0 * (p.K / 2);
+  }
+
+  // The next six-bit unit of every tile (16 inputs) into the rows' dot products.
+  inline void unit(const Problem& p, __m512 (&a0)[NT][MR], __m512 (&a1)[NT][MR]) {
+    __m512i l0[NT], l1[NT], hb[NT];
+    next_unit<NT>(p, w, ahead, l0, l1, hb);
+    block_dots<0, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+    block_dots<1, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+    block_dots<2, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+    block_dots<3, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
+    xk += 8 * MR;  // 16 inputs: 8 pairs
+  }
+};
+
+template <int NT, int MR>
+void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
+  const __m512 minus160 = _mm512_set1_ps(-160.0f);
+  DotStreams<NT, MR> s(p, tile0, m0);
+  const int8_t* (&w)[NT] = s.w;
+  const float* const(&xs)[MR] = s.xs;
 
   __m512 y[NT][MR];
   zero(y);
@@ -637,30 +660,22 @@ void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
     __m512 a0[NT][MR], a1[NT][MR];
     zero(a0);
     zero(a1);
-    for (int64_t unit = 0; unit < p.blocks_per_group / 4; ++unit) {
-      __m512i l0[NT], l1[NT], hb[NT];
-      next_unit<NT>(p, w, ahead, l0, l1, hb);
-      block_dots<0, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<1, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<2, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<3, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      xk += 8 * MR;  // 16 inputs: 8 pairs
-    }
+    for (int64_t unit = 0; unit < p.blocks_per_group / 4; ++unit) s.unit(p, a0, a1);
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
       // the group's constants: the block after its codes
       const uint16_t* c = reinterpret_cast<const uint16_t*>(w[t]);
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+      const __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
       const __m512 o =
           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
-      const __m512 bias = _mm512_fmadd_ps(s, minus160, o);
+      const __m512 bias = _mm512_fmadd_ps(sc, minus160, o);
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) {
-        y[t][m] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[t][m], a1[t][m]), y[t][m]);
+        y[t][m] = _mm512_fmadd_ps(sc, _mm512_add_ps(a0[t][m], a1[t][m]), y[t][m]);
         y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
       }
     }
-    next_block<NT>(p, w, ahead);  // past the constants block
+    next_block<NT>(p, w, s.ahead);  // past the constants block
   }
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
@@ -719,21 +734,12 @@ void run_range_dot(const Problem& p, int64_t begin, int64_t end) {
 // Fixed per output whatever M or the thread split, as every kernel here.
 template <int NT, int MR, bool kOffsets>
 void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
-  const __m512i pairs01 = _mm512_load_si512(kPairs01.idx);
-  const __m512i pairs23 = _mm512_load_si512(kPairs23.idx);
   const __m512 minus160 = _mm512_set1_ps(-160.0f);
-  const int64_t tile_bytes = p.tile_bytes;
   const int64_t groups = p.groups_per_super;
   const int64_t code_blocks = groups / 4;  // blocks of one kind of sub-group codes
-
-  const int8_t* w[NT];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
-  const char* ahead = sweep_start<NT>(p, tile0, tile_bytes);
-  const float* xs[MR];
-#pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair j of row m0 + m at xk[j * MR + m]
+  DotStreams<NT, MR> s(p, tile0, m0);
+  const int8_t* (&w)[NT] = s.w;
+  const float* const(&xs)[MR] = s.xs;
 
   __m512 y[NT][MR];
   zero(y);
@@ -743,7 +749,7 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) head[t] = w[t];
     const int64_t header = (kOffsets ? 2 : 1) + (kOffsets ? 2 : 1) * code_blocks;
-    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, s.ahead);
     __m512 ys[NT][MR], yo[NT][MR];
     zero(ys);
     if constexpr (kOffsets) zero(yo);
@@ -751,13 +757,7 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
       __m512 a0[NT][MR], a1[NT][MR];
       zero(a0);
       zero(a1);
-      __m512i l0[NT], l1[NT], hb[NT];
-      next_unit<NT>(p, w, ahead, l0, l1, hb);
-      block_dots<0, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<1, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<2, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      block_dots<3, NT, MR>(l0, l1, hb, pairs01, pairs23, xk, a0, a1);
-      xk += 8 * MR;  // 16 inputs: 8 pairs
+      s.unit(p, a0, a1);
       const int64_t g = sb * groups + j;
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
