@@ -7,9 +7,12 @@ suffix proposer first for every request and keeps, per request, a decayed *reali
 acceptance rate* of each source: the suffix's from its drafts (also those it was not chosen
 for, checked against the tokens the target committed afterwards: a free shadow evaluation),
 the draft model's from the drafts it served. A request gets the suffix draft when it is at
-least ``min_suffix_tokens`` long (or k, when k is smaller) and the suffix's rate is within
+least ``min_suffix_tokens`` long (or k, when k is smaller), the suffix's rate is within
 ``suffix_margin`` of the draft model's (a suffix draft costs nothing, so it may be a bit
-worse); every other request falls back to the draft model, in one batched draft call. The
+worse), and it is no shorter than the tokens the draft model's k-token draft is expected to
+get accepted at its rate (:func:`expected_accepted`: on prose the trie's matches are a
+token or two where the draft model's drafts are accepted whole); every other request falls
+back to the draft model, in one batched draft call. The
 draft model keeps its own KV cache in step lazily (``DraftModelProposer`` rolls back and
 catches up on each call), so steps it skips cost it nothing but a longer catch-up later.
 
@@ -51,6 +54,12 @@ class _SourceRate:
         if tried:
             self.accepted = self.accepted * decay + accepted
             self.tried = self.tried * decay + tried
+
+
+def expected_accepted(rate: float, k: int) -> float:
+    """Tokens a draft of ``k`` is expected to get accepted when each position is accepted
+    with probability ``rate`` given the ones before it: ``rate + rate² + ... + rate^k``."""
+    return sum(rate**i for i in range(1, k + 1))
 
 
 @dataclass
@@ -137,6 +146,7 @@ class HybridProposer:
             for i, (inp, prop, st) in enumerate(zip(batch, proposals, states, strict=True))
             if len(prop) < min(self.min_suffix_tokens, inp.num_draft_tokens)
             or st.suffix.rate + self.suffix_margin < st.model.rate
+            or len(prop) < expected_accepted(st.model.rate, inp.num_draft_tokens)
         ]
         self.num_suffix_drafts += len(batch) - len(fallback)
         self.num_model_drafts += len(fallback)

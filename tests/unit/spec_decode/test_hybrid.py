@@ -7,8 +7,8 @@ import torch
 
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.draft_model import DraftModelProposer
-from specserve.spec_decode.hybrid import HybridProposer
-from specserve.spec_decode.proposer import ProposeInput
+from specserve.spec_decode.hybrid import HybridProposer, expected_accepted
+from specserve.spec_decode.proposer import Proposal, ProposeInput
 from specserve.spec_decode.suffix import SuffixProposer
 from tests.conftest import make_tiny_model
 
@@ -103,3 +103,40 @@ def test_repetitive_request_keeps_the_suffix() -> None:
         assert p.draft_token_ids == [1, 2, 3, 4]
         tokens += [1, 2, 3, 4, 5]  # all four accepted, then the bonus token
     assert hybrid.num_model_drafts == 0 and hybrid.num_suffix_drafts == 6
+
+
+class _FixedSuffix(SuffixProposer):
+    """A suffix proposer whose drafts are set by the test (the choice is what is tested)."""
+
+    def __init__(self, draft: list[int]) -> None:
+        super().__init__()
+        self.draft = draft
+
+    def propose(self, batch):  # type: ignore[no-untyped-def]
+        return [Proposal(list(self.draft[: inp.num_draft_tokens])) for inp in batch]
+
+
+def test_expected_accepted_is_the_geometric_sum() -> None:
+    assert expected_accepted(1.0, 4) == 4
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_accepted(0.9, 0) == 0
+
+
+def test_a_suffix_draft_shorter_than_the_models_expected_yield_falls_back() -> None:
+    """Two trie tokens against a k = 4 draft the model gets accepted whole: the model serves;
+    four trie tokens: the suffix; and once the model's drafts keep failing (its expected
+    yield under two tokens) the short suffix draft serves again."""
+    model = make_tiny_model("llama", seed=5, vocab_size=VOCAB)
+    suffix = _FixedSuffix([3, 4])
+    hybrid = HybridProposer(suffix, DraftModelProposer(model, VOCAB))
+    tokens = [7, 19, 3, 11]
+    hybrid.propose([_inp("a", tokens)])
+    assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (0, 1)
+    suffix.draft = [3, 4, 5, 6]
+    hybrid.propose([_inp("a", tokens)])
+    assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (1, 1)
+    suffix.draft = [3, 4]
+    for _ in range(6):  # both sources' drafts rejected at the first token
+        (p,) = hybrid.propose([_inp("a", tokens)])
+        tokens = [*tokens, (p.draft_token_ids[0] + 1) % VOCAB]
+    assert hybrid.num_suffix_drafts > 1
