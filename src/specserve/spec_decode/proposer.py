@@ -89,13 +89,17 @@ def draft_cost_sample(proposer: object, draft_s: float, num_draft_steps: int) ->
     drafting, its time makes drafting look several times dearer than it is, and a controller
     that believes that stops drafting for good: every later probe is another burst.
     A proposer that reports ``last_num_forwards`` (its draft forwards in that call) is charged
-    per forward run, not per token asked for."""
+    per forward run, not per token asked for; one that reports none drafted without its
+    model (a hybrid's suffix drafts) and teaches nothing about the model's cost either: counted,
+    its free drafts would make the model's look free, and k would grow past what pays."""
     if getattr(proposer, "last_catch_up_tokens", 0) > CATCH_UP_STEADY:
         return 0.0, 0
     # A proposer that stops early (a draft model's confidence stop) ran fewer forwards than
     # the k asked for; the time is theirs.
-    forwards = getattr(proposer, "last_num_forwards", 0)
-    if num_draft_steps > 0 and forwards > 0:
+    forwards = getattr(proposer, "last_num_forwards", None)
+    if num_draft_steps > 0 and forwards == 0:
+        return 0.0, 0
+    if num_draft_steps > 0 and forwards:
         return draft_s, min(num_draft_steps, forwards)
     return draft_s, num_draft_steps
 

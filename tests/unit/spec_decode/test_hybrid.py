@@ -140,3 +140,21 @@ def test_a_suffix_draft_shorter_than_the_models_expected_yield_falls_back() -> N
         (p,) = hybrid.propose([_inp("a", tokens)])
         tokens = [*tokens, (p.draft_token_ids[0] + 1) % VOCAB]
     assert hybrid.num_suffix_drafts > 1
+
+
+def test_suffix_drafts_teach_the_controller_nothing_about_the_models_cost() -> None:
+    """A step the suffix served ran no draft forward: its near-zero draft time is not a
+    sample of the draft model's cost. A step the model served is, per forward; a proposer
+    without the count (n-gram) is charged per token asked for, as before."""
+    from specserve.spec_decode.ngram import NgramProposer
+    from specserve.spec_decode.proposer import draft_cost_sample
+
+    hybrid = _hybrid()
+    (p,) = hybrid.propose([_inp("r", [1, 2, 3, 4, 5] * 4)])
+    assert hybrid.num_suffix_drafts == 1 and hybrid.last_num_forwards == 0
+    assert draft_cost_sample(hybrid, 1e-5, len(p.draft_token_ids)) == (0.0, 0)
+    hybrid.draft.prefill("n", [7, 19, 3])  # so the propose catches up one token, as in steady state
+    hybrid.propose([_inp("n", [7, 19, 3, 11])])
+    assert hybrid.num_model_drafts == 1 and hybrid.last_num_forwards == 4
+    assert draft_cost_sample(hybrid, 0.04, 4) == (0.04, 4)
+    assert draft_cost_sample(NgramProposer(2, 4), 1e-5, 3) == (1e-5, 3)
