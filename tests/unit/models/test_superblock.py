@@ -110,6 +110,20 @@ def test_pack_and_unpack_round_trip(n: int, k: int, size: int, offsets: bool) ->
     assert torch.equal(offset, w.offset)
 
 
+@pytest.mark.parametrize("offsets", [False, True])
+def test_chunked_packing_matches_a_single_chunk(
+    monkeypatch: pytest.MonkeyPatch, offsets: bool
+) -> None:
+    w = k_quant(100, 512, offsets=offsets)
+    whole = superblock.pack(w.codes, w.scale, w.offset)
+    monkeypatch.setattr(superblock, "_ROW_CHUNK", 32)
+    chunked = superblock.pack(w.codes, w.scale, w.offset)
+    assert whole is not None and chunked is not None
+    assert torch.equal(whole[0], chunked[0]) and whole[2] == chunked[2] == 256
+    w.scale[70, 3] = 0.123456  # one chunk without the form: the whole weight has none
+    assert superblock.pack(w.codes, w.scale, w.offset) is None
+
+
 def test_the_layout_takes_fewer_bytes_than_per_group_constants() -> None:
     w = k_quant(64, 1024)
     per_group = pack(w, code_bits=6, superblocks=False)

@@ -31,6 +31,7 @@ _SUB = six_bit.UNIT_K  # inputs a sub-group: one six-bit unit
 _ENV_SWITCH = "SPECSERVE_SUPERBLOCK_CONSTANTS"
 _KERNEL_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
 _MAX_SHIFT = 38  # exponent spread a superblock's integers may take in int64
+_ROW_CHUNK = 4096  # rows factored and packed at a time (a multiple of 16)
 
 
 def preferred() -> bool:
@@ -105,18 +106,32 @@ def pack(
     inputs ``H`` header blocks (:func:`header_blocks`; the offsets' only where some offset is
     not zero) and ``S / 16`` six-bit units; ``row_scale`` is all ones. ``S`` is the largest of
     256, 128 and 64 that divides ``K`` and over which the constants factor (:func:`factor`);
-    None where none does."""
+    None where none does. Rows are factored and written a chunk at a time (an LM head's
+    temporaries stay small)."""
     n, k = codes.shape
     if scale.shape != (n, k // _SUB) or k % _SUB:
         return None
     offsets = bool((offset != 0).any())
     for superblock in (SUPERBLOCK, 128, 64):
         if k % superblock == 0:
-            scaled = factor(scale.float(), superblock // _SUB)
-            shifted = factor(offset.float(), superblock // _SUB) if offsets else None
+            scaled = _factor_rows(scale.float(), superblock // _SUB)
+            shifted = _factor_rows(offset.float(), superblock // _SUB) if offsets else None
             if scaled is not None and (shifted is not None or not offsets):
                 return _write(codes, scaled, shifted, superblock)
     return None
+
+
+def _factor_rows(values: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`factor` of ``values`` a chunk of rows at a time (None if any chunk fails)."""
+    parts = []
+    for start in range(0, values.shape[0], _ROW_CHUNK):
+        part = factor(values[start : start + _ROW_CHUNK], per)
+        if part is None:
+            return None
+        parts.append(part)
+    if not parts:
+        return None
+    return torch.cat([d for d, _ in parts]), torch.cat([c for _, c in parts])
 
 
 def _write(
@@ -126,24 +141,30 @@ def _write(
     superblock: int,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     n, k = codes.shape
-    per, offsets = superblock // _SUB, shifted is not None
-    pad = -n % TILE_ROWS
-    if pad:
-        codes = torch.nn.functional.pad(codes, (0, 0, 0, pad))
-    tiles, nsuper = (n + pad) // TILE_ROWS, k // superblock
-    head = header_blocks(superblock, offsets)
-    qweight = huge_pages.empty((tiles, nsuper, head + 3 * per, BLOCK_BYTES), torch.int8)
-    units = qweight[:, :, head:].view(tiles, nsuper, per, 3, BLOCK_BYTES)
-    units.copy_(six_bit.pack_units(codes).view(tiles, nsuper, per, 3, BLOCK_BYTES))
+    per = superblock // _SUB
     parts = [scaled] if shifted is None else [scaled, shifted]
     kinds = len(parts)
-    for i, (d, c) in enumerate(parts):
-        d = torch.nn.functional.pad(d, (0, 0, 0, pad)).view(tiles, TILE_ROWS, nsuper)
-        qweight[:, :, i].view(torch.float32).copy_(d.permute(0, 2, 1))
-        c = torch.nn.functional.pad(c, (0, 0, 0, pad)).view(tiles, TILE_ROWS, nsuper, per)
-        first = kinds + i * (superblock // 64)
-        block = qweight[:, :, first : first + superblock // 64].view(tiles, nsuper, per, 16)
-        block.copy_(c.permute(0, 2, 3, 1))
+    tiles, nsuper = -(-n // TILE_ROWS), k // superblock
+    head = header_blocks(superblock, shifted is not None)
+    qweight = huge_pages.empty((tiles, nsuper, head + 3 * per, BLOCK_BYTES), torch.int8)
+    for start in range(0, n, _ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
+        stop = min(n, start + _ROW_CHUNK)
+        pad = -(stop - start) % TILE_ROWS
+        t0, t1 = start // TILE_ROWS, (stop + pad) // TILE_ROWS
+        rows = torch.nn.functional.pad(codes[start:stop], (0, 0, 0, pad))
+        units = qweight[t0:t1, :, head:].view(t1 - t0, nsuper, per, 3, BLOCK_BYTES)
+        units.copy_(six_bit.pack_units(rows).view(units.shape))
+        for i, (d, c) in enumerate(parts):
+            dd = torch.nn.functional.pad(d[start:stop], (0, 0, 0, pad))
+            qweight[t0:t1, :, i].view(torch.float32).copy_(
+                dd.view(t1 - t0, TILE_ROWS, nsuper).permute(0, 2, 1)
+            )
+            cc = torch.nn.functional.pad(c[start:stop], (0, 0, 0, pad))
+            first = kinds + i * (superblock // 64)
+            block = qweight[t0:t1, :, first : first + superblock // 64]
+            block.view(t1 - t0, nsuper, per, 16).copy_(
+                cc.view(t1 - t0, TILE_ROWS, nsuper, per).permute(0, 2, 3, 1)
+            )
     return qweight, torch.ones(tiles * TILE_ROWS, dtype=torch.float32), superblock
 
 
