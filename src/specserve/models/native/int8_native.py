@@ -181,7 +181,8 @@ class Int8Packed(tile_stream.PackedTiles):
         """The byte code blocks, ``# [Np / 16, K / 4, 64]`` (six-bit codes: unpacked, a copy)."""
         if self.code_bits == 8:
             return super().code_blocks()
-        tiles, head = self.qweight.shape[0], self.qweight.shape[2] - 3 * (self.group_size // 16)
+        tiles = self.qweight.shape[0]
+        head = self.qweight.shape[2] - six_bit.unit_blocks(self.group_size)
         units = self.qweight[:, :, :-1] if head == 1 else self.qweight[:, :, head:]
         units = units.reshape(tiles, -1, 3, 64)
         return six_bit.unpack_units(units).reshape(tiles, -1, 64)
@@ -257,7 +258,7 @@ def pack(
         raise ValueError("superblock constants need six-bit codes in groups of 16")
     wanted = superblocks or (superblocks is None and superblock.preferred())
     if code_bits == 6 and gs == six_bit.UNIT_K and wanted:
-        sb = superblock.pack(codes_all, weight.scale.float(), weight.offset.float())
+        sb = superblock.pack(codes_all, weight.scale, weight.offset)
         if sb is not None:
             return Int8Packed(sb[0], torch.empty(0, dtype=torch.float16), sb[1], n, sb[2])
         if superblocks:

@@ -18,6 +18,7 @@ __all__ = [
     "codes_fit",
     "dot_products",
     "pack_units",
+    "pair_kernel_built",
     "preferred",
     "unit_blocks",
     "unpack_units",
@@ -85,6 +86,12 @@ def dot_products() -> bool:
         return True
     if os.environ.get("SPECSERVE_INT8_AVX512") == "0":
         return False
+    return pair_kernel_built()
+
+
+def pair_kernel_built() -> bool:
+    """Whether the library's ``vdpbf16ps`` kernels of six-bit codes are built here: a CPU with
+    AVX-512 BW, VBMI, BF16 and GFNI (the library is built for this CPU, ``-march=native``)."""
     return all(flag in build.cpu_signature()[1] for flag in _DOT_FLAGS)
 
 

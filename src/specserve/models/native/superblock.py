@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from specserve.models.native import build, huge_pages, int4_native, six_bit
+from specserve.models.native import huge_pages, int4_native, six_bit
 from specserve.models.native.tile_stream import BLOCK_BYTES, TILE_ROWS
 
 __all__ = ["SUPERBLOCK", "factor", "header_blocks", "pack", "preferred"]
@@ -29,7 +29,6 @@ __all__ = ["SUPERBLOCK", "factor", "header_blocks", "pack", "preferred"]
 SUPERBLOCK = 256  # inputs a superblock (the K-quants'); a multiple of 64
 _SUB = six_bit.UNIT_K  # inputs a sub-group: one six-bit unit
 _ENV_SWITCH = "SPECSERVE_SUPERBLOCK_CONSTANTS"
-_KERNEL_FLAGS = ("avx512bw", "avx512vbmi", "avx512_bf16", "gfni")
 _MAX_SHIFT = 38  # exponent spread a superblock's integers may take in int64
 _ROW_CHUNK = 4096  # rows factored and packed at a time (a multiple of 16)
 
@@ -41,7 +40,7 @@ def preferred() -> bool:
     constants), unless ``SPECSERVE_SUPERBLOCK_CONSTANTS=0``. Read on every call."""
     if os.environ.get(_ENV_SWITCH, "").strip() == "0" or int4_native.amx_tiles():
         return False
-    return all(flag in build.cpu_signature()[1] for flag in _KERNEL_FLAGS)
+    return six_bit.pair_kernel_built()
 
 
 def factor(values: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -77,8 +76,9 @@ def factor(values: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor] 
     g = torch.where(g == 0, 1, g)
     codes = whole // g[..., None]
     # a negative d (the K-quants allow one) may leave +128: take the other sign there
-    g = torch.where(codes.amax(dim=2) > 127, -g, g)
-    codes = whole // g[..., None]
+    flip = codes.amax(dim=2) > 127
+    g = torch.where(flip, -g, g)
+    codes = torch.where(flip[..., None], -codes, codes)
     if int(codes.min()) < -128 or int(codes.max()) > 127 or int(g.abs().max()) >= 1 << 24:
         return None
     d = torch.ldexp(g.to(torch.float64), low[..., 0].to(torch.float64)).to(torch.float32)
@@ -115,8 +115,10 @@ def pack(
     for superblock in (SUPERBLOCK, 128, 64):
         if k % superblock == 0:
             scaled = _factor_rows(scale.float(), superblock // _SUB)
+            if scaled is None:
+                continue
             shifted = _factor_rows(offset.float(), superblock // _SUB) if offsets else None
-            if scaled is not None and (shifted is not None or not offsets):
+            if shifted is not None or not offsets:
                 return _write(codes, scaled, shifted, superblock)
     return None
 

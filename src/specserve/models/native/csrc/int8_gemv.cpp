@@ -680,38 +680,6 @@ void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
 
-template <int NT>
-void run_rows_dot(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
-  switch (rows) {
-    case 1: run_block_dot<NT, 1>(p, tile0, m0); break;
-    case 2: run_block_dot<NT, 2>(p, tile0, m0); break;
-    case 3: run_block_dot<NT, 3>(p, tile0, m0); break;
-    case 4: run_block_dot<NT, 4>(p, tile0, m0); break;
-    case 5: run_block_dot<NT, 5>(p, tile0, m0); break;
-    case 6: run_block_dot<NT, 6>(p, tile0, m0); break;
-    case 7: run_block_dot<NT, 7>(p, tile0, m0); break;
-    default: run_block_dot<NT, 8>(p, tile0, m0); break;
-  }
-}
-
-// Tiles [begin, end), all rows: four tiles at once for 1 row, two for 2 or 3 rows (latency of
-// the vdpbf16ps chains), else one tile at a time, each row block in turn.
-void run_range_dot(const Problem& p, int64_t begin, int64_t end) {
-  int64_t t = begin;
-  if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block_dot<kTileGroup, 1>(p, t, 0);
-  } else if (p.M <= 3) {
-    for (; t + 2 <= end; t += 2) run_rows_dot<2>(p, t, 0, p.M);
-  }
-  const int64_t nblocks = num_row_blocks(p.M);
-  for (; t < end; ++t) {
-    for (int64_t i = 0; i < nblocks; ++i) {
-      const int64_t m0 = block_start(p.M, i);
-      run_rows_dot<1>(p, t, m0, block_start(p.M, i + 1) - m0);
-    }
-  }
-}
-
 // ---- six-bit codes with superblock constants ------------------------------------------------
 //
 // The K-quants' own form of the constants (superblock.py): per tile and superblock of S inputs
@@ -794,35 +762,51 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
 
-template <int NT, bool kOffsets>
-void run_rows_super(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+// The two bf16-pair kernels of six-bit codes, as the dispatch below takes them: per-group
+// constants (run_block_dot) and superblock constants (run_block_super).
+struct PerGroupConstants {
+  template <int NT, int MR>
+  static void block(const Problem& p, int64_t tile0, int64_t m0) {
+    run_block_dot<NT, MR>(p, tile0, m0);
+  }
+};
+template <bool kOffsets>
+struct SuperblockConstants {
+  template <int NT, int MR>
+  static void block(const Problem& p, int64_t tile0, int64_t m0) {
+    run_block_super<NT, MR, kOffsets>(p, tile0, m0);
+  }
+};
+
+template <class Kernel, int NT>
+void run_rows_dot(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block_super<NT, 1, kOffsets>(p, tile0, m0); break;
-    case 2: run_block_super<NT, 2, kOffsets>(p, tile0, m0); break;
-    case 3: run_block_super<NT, 3, kOffsets>(p, tile0, m0); break;
-    case 4: run_block_super<NT, 4, kOffsets>(p, tile0, m0); break;
-    case 5: run_block_super<NT, 5, kOffsets>(p, tile0, m0); break;
-    case 6: run_block_super<NT, 6, kOffsets>(p, tile0, m0); break;
-    case 7: run_block_super<NT, 7, kOffsets>(p, tile0, m0); break;
-    default: run_block_super<NT, 8, kOffsets>(p, tile0, m0); break;
+    case 1: Kernel::template block<NT, 1>(p, tile0, m0); break;
+    case 2: Kernel::template block<NT, 2>(p, tile0, m0); break;
+    case 3: Kernel::template block<NT, 3>(p, tile0, m0); break;
+    case 4: Kernel::template block<NT, 4>(p, tile0, m0); break;
+    case 5: Kernel::template block<NT, 5>(p, tile0, m0); break;
+    case 6: Kernel::template block<NT, 6>(p, tile0, m0); break;
+    case 7: Kernel::template block<NT, 7>(p, tile0, m0); break;
+    default: Kernel::template block<NT, 8>(p, tile0, m0); break;
   }
 }
 
-// Tiles [begin, end), all rows, grouped as in run_range_dot.
-template <bool kOffsets>
-void run_range_super(const Problem& p, int64_t begin, int64_t end) {
+// Tiles [begin, end), all rows: four tiles at once for 1 row, two for 2 or 3 rows (latency of
+// the vdpbf16ps chains), else one tile at a time, each row block in turn.
+template <class Kernel>
+void run_range_dot(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup)
-      run_block_super<kTileGroup, 1, kOffsets>(p, t, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) Kernel::template block<kTileGroup, 1>(p, t, 0);
   } else if (p.M <= 3) {
-    for (; t + 2 <= end; t += 2) run_rows_super<2, kOffsets>(p, t, 0, p.M);
+    for (; t + 2 <= end; t += 2) run_rows_dot<Kernel, 2>(p, t, 0, p.M);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows_super<1, kOffsets>(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows_dot<Kernel, 1>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -927,7 +911,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #endif
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, sum_group);
-  if (w.super_form == 0 && quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
+  if (quant_amx_applies(w)) {  // the AMX tiles (quant_amx.cpp), x read in place
     const QuantTiles tiles{&w, x, xsum.data(), out, out_f32, M, amx_prefetch()};
     torch::stable::parallel_for(0, ntiles, amx_grain(K, M, 6), [&](int64_t begin, int64_t end) {
       quant_amx_range(tiles, begin, end);
@@ -980,16 +964,12 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
 #ifdef SPECSERVE_INT8_DOT
-    if (w.super_form != 0) {
-      if (w.super_form == 2) {
-        run_range_super<true>(p, first, last);
-      } else {
-        run_range_super<false>(p, first, last);
+    if (dot) {  // every weight with superblock constants
+      switch (w.super_form) {
+        case 2: run_range_dot<SuperblockConstants<true>>(p, first, last); break;
+        case 1: run_range_dot<SuperblockConstants<false>>(p, first, last); break;
+        default: run_range_dot<PerGroupConstants>(p, first, last); break;
       }
-      return;
-    }
-    if (dot) {
-      run_range_dot(p, first, last);
       return;
     }
 #endif
