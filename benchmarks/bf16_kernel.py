@@ -3,19 +3,20 @@
 ``--part matmul``: for the Qwen2.5-Coder-1.5B shapes, weight bytes read per second by
 ``specserve::bf16_gemm`` and by ``torch.nn.functional.linear`` (bf16) at M = 1, 5 and 16
 rows; on a CPU whose bf16 matmul runs on the AMX tiles, also by ``bf16_gemm`` with
-``SPECSERVE_BF16_AMX=0`` (its AVX-512 BF16 kernel), and on one where it runs on the AVX2
-kernel, also with ``SPECSERVE_SWEEP_PREFETCH=0`` (each weight row's stream prefetched on its
-own instead of the next block of rows in one sweep). Each timing rotates over enough weight
+``SPECSERVE_BF16_AMX=0`` (its AVX-512 BF16 kernel), and on one where it runs on the AVX-512
+BF16 or the AVX2 kernel, also with ``SPECSERVE_SWEEP_PREFETCH=0`` (each weight row's stream
+prefetched on its own instead of the next block of rows in one sweep). Each timing rotates over enough weight
 copies (>= 128 MB) that reads come from memory, not from the last-level cache, as in real
 decoding; best of 3.
 
-``--part step``: one forward of the 1.5B in bf16 over T = 1 and T = 5 new tokens at a
+``--part step``: one forward of the 1.5B in bf16 over T = 1 to 5 new tokens at a
 200-token context, on the native path (one ``bf16_decoder_layer`` op per layer and the
 native LM head) and on the eager path (PyTorch's linears, ``fused_layer.disable``), the two
 alternating on the same model so that both see the same machine; medians. Where the bf16
 matmul runs on the AMX tiles, the native path also runs with them switched off
 (``SPECSERVE_BF16_AMX=0``, read on every call) in the same alternation; where it runs on the
-AVX2 kernel, with its sweep prefetch switched off (``SPECSERVE_SWEEP_PREFETCH=0``). It also says
+AVX-512 BF16 or AVX2 kernel, with its sweep prefetch switched off
+(``SPECSERVE_SWEEP_PREFETCH=0``). It also says
 whether each path's T = 5 rows equal, bit for bit, what five T = 1 steps give (the condition
 for greedy speculative output to equal plain output).
 
@@ -57,8 +58,9 @@ def _set_amx(on: bool) -> None:
     os.environ[AMX_SWITCH] = "1" if on else "0"
 
 
-def _avx2_here() -> bool:
-    return bf16_native.available() and bf16_native.kernel() == "AVX2"
+def _sweep_here() -> bool:
+    """The bf16 matmul runs on a kernel with the sweep prefetch (AVX-512 BF16 or AVX2)."""
+    return bf16_native.available() and bf16_native.kernel() in ("AVX-512 BF16", "AVX2")
 
 
 def _set_sweep(on: bool) -> None:
@@ -87,10 +89,10 @@ def _rotating(
 
 
 def part_matmul() -> None:
-    amx, avx2 = _amx_here(), _avx2_here()
-    # The second native arm: the AVX-512 kernel where the tiles run, the AVX2 kernel without
-    # its sweep prefetch where that runs.
-    other = "AMX off" if amx else "sweep off" if avx2 else ""
+    amx, sweep = _amx_here(), _sweep_here()
+    # The second native arm: the AVX-512 kernel where the tiles run, else the kernel without
+    # its sweep prefetch.
+    other = "AMX off" if amx else "sweep off" if sweep else ""
     extra = f" {other} ms | {other} GB/s | {other} / native |" if other else ""
     print(
         "| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |" + extra
@@ -134,7 +136,7 @@ def part_step(rounds: int) -> None:
     if _amx_here():
         paths[0] = ("native, AMX tiles", True, True, True)
         paths.append(("native, AMX off (AVX-512 BF16)", True, False, True))
-    elif _avx2_here():
+    elif _sweep_here():
         paths.append(("native, sweep prefetch off", True, True, False))
     paths.append(("eager (torch linears)", False, True, True))
 
@@ -150,13 +152,15 @@ def part_step(rounds: int) -> None:
         model.compute_logits(cache.forward(tokens))
         return time.perf_counter() - t0
 
-    times: dict[tuple[str, int], list[float]] = {(p[0], t): [] for p in paths for t in (1, 5)}
+    widths = range(1, len(new) + 1)
+    times: dict[tuple[str, int], list[float]] = {(p[0], t): [] for p in paths for t in widths}
     for _ in range(rounds):
         for name, native, amx, sweep in paths:
-            for t in (1, 5):
+            for t in widths:
                 times[(name, t)].append(step(native, amx, sweep, new[:t]))
-    print("| path | T = 1 ms | T = 5 ms | T = 5 / T = 1 | T = 5 rows == five T = 1 steps |")
-    print("|---|---|---|---|---|")
+    head = " | ".join(f"T = {t} ms" for t in widths)
+    print(f"| path | {head} | T = 5 / T = 1 | T = 5 rows == five T = 1 steps |")
+    print("|---|" + "---|" * (len(new) + 2))
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
     for name, native, amx, sweep in paths:
         use(native, amx, sweep)
@@ -165,14 +169,15 @@ def part_step(rounds: int) -> None:
         cache.truncate(len(context))
         one_by_one = torch.cat([model.compute_logits(cache.forward([tok])) for tok in new])
         same = torch.equal(together, one_by_one)
-        t1, t5 = med[(name, 1)], med[(name, 5)]
-        print(f"| {name} | {t1:.1f} | {t5:.1f} | {t5 / t1:.2f} | {'yes' if same else 'no'} |")
+        cells = " | ".join(f"{med[(name, t)]:.1f}" for t in widths)
+        ratio = med[(name, 5)] / med[(name, 1)]
+        print(f"| {name} | {cells} | {ratio:.2f} | {'yes' if same else 'no'} |")
     _set_amx(True)
     _set_sweep(True)
     first = paths[0][0]
     for name, *_ in paths[1:]:
-        r1, r5 = med[(name, 1)] / med[(first, 1)], med[(name, 5)] / med[(first, 5)]
-        print(f"{name} / {first}: T = 1 {r1:.2f}x, T = 5 {r5:.2f}x ({rounds} rounds, medians)")
+        ratios = ", ".join(f"T = {t} {med[(name, t)] / med[(first, t)]:.2f}x" for t in widths)
+        print(f"{name} / {first}: {ratios} ({rounds} rounds, medians)")
 
 
 def part_prefill(rounds: int) -> None:

@@ -97,6 +97,8 @@ constexpr int64_t kMaxRows = 5;
 #endif
 constexpr int64_t kTaskRows = 16;        // weight rows per unit of the thread split
 constexpr int64_t kPrefetchBytes = 512;  // ahead in each weight row's stream
+// Blocks of more weights than this prefetch each row's stream, never the next block (sweep).
+constexpr int64_t kSweepBytes = int64_t{32} << 10;
 
 struct Job {
   const uint16_t* w;     // [N, K]
@@ -106,8 +108,8 @@ struct Job {
   void* out;             // element (m, n) at out + m * ldo + n
   int64_t ldo, K, M;
   bool out_f32;
-  int64_t n_end;  // end of this task's weight rows (the AVX2 sweep stops there)
-  bool sweep;     // AVX2: prefetch the next weight rows in one sweep (sweep_prefetch())
+  int64_t n_end;  // end of this task's weight rows (the sweep stops there)
+  bool sweep;     // prefetch the next weight rows in one sweep (sweep_prefetch())
 };
 
 // y of output (m, n) from its sum, plus the bias, stored as bf16 or fp32.
@@ -128,10 +130,11 @@ inline __m512i load_half(const uint16_t* p) { return _mm512_maskz_loadu_epi16(0x
 
 template <int NR, int MR>
 inline void dot_step(__m512 (&acc)[NR][MR], const uint16_t* const (&w)[NR], const uint16_t* x,
-                     int64_t K, int64_t k, bool half) {
+                     int64_t K, int64_t k, bool half, bool row_prefetch) {
   __m512i wv[NR];
   for (int r = 0; r < NR; ++r) {
-    _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+    if (row_prefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
     wv[r] = half ? load_half(w[r] + k) : load_chunk(w[r] + k);
   }
   for (int m = 0; m < MR; ++m) {
@@ -148,19 +151,30 @@ inline float reduce_add16(__m512 v) {
   return specserve_native::reduce_add(_mm256_add_ps(lo, hi));
 }
 
-// Weight rows [n0, n0 + NR) against the MR rows of x from m0.
+// Weight rows [n0, n0 + NR) against the MR rows of x from m0. Prefetch as in the AVX2
+// variant below: with the sweep on, the first row block prefetches the next block's rows in
+// address order, NR lines (what it reads itself) per step; otherwise each row's own stream
+// 512 bytes ahead.
 template <int NR, int MR>
 void run_block(const Job& j, int64_t n0, int64_t m0) {
   const int64_t K = j.K;
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const uint16_t* x = static_cast<const uint16_t*>(j.x) + m0 * K;
+  const bool sweep = j.sweep && m0 == 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
+  const char* next = reinterpret_cast<const char*>(j.w + (n0 + NR) * K);
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + kChunk <= K; k += kChunk) dot_step<NR, MR>(acc, w, x, K, k, false);
-  if (k < K) dot_step<NR, MR>(acc, w, x, K, k, true);
+  for (; k + kChunk <= K; k += kChunk) {
+    if (sweep) {
+      for (int q = 0; q < NR; ++q) _mm_prefetch(next + 64 * q, _MM_HINT_T0);
+      next += NR * 64;
+    }
+    dot_step<NR, MR>(acc, w, x, K, k, false, !sweep);
+  }
+  if (k < K) dot_step<NR, MR>(acc, w, x, K, k, true, !sweep);
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
 }
@@ -248,7 +262,6 @@ void split_pairs(const uint16_t* x, float* xd, int64_t M, int64_t K) {
 // run a whole L1 ahead: the down projection's rows of 8960 inputs read more slowly with it
 // in trials), each row's own stream is prefetched 512 bytes ahead. Only when lines are
 // requested changes, never the arithmetic.
-constexpr int64_t kSweepBytes = int64_t{32} << 10;
 template <int NR, int MR>
 void run_block(const Job& j, int64_t n0, int64_t m0) {
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -336,12 +349,18 @@ void run_row_blocks(const Job& j, int64_t n) {
 }
 
 // Weight rows [begin, end), all rows of x: several weight rows at a time when x has few rows
-// (independent FMA chains to cover the latency), else 2 weight rows per row block (4 on
-// AVX-512, with its 32 registers). On AVX2, 2 and 3 x rows take 3 weight rows (9 sums, 6
-// weight vectors and one x vector fit the 16 registers; 4 did not).
+// (independent FMA chains to cover the latency; on AVX-512, 4 at one x row where the sweep
+// runs, else 8), else 2 weight rows per row block (4 on AVX-512, with its 32 registers). On
+// AVX2, 2 and 3 x rows take 3 weight rows (9 sums, 6 weight vectors and one x vector fit the
+// 16 registers; 4 did not).
 void run_range(const Job& j, int64_t begin, int64_t end) {
   int64_t n = begin;
   if (j.M == 1) {
+#ifdef SPECSERVE_BF16_AVX512
+    // Swept blocks of 4 rows read faster than of 8 at one x row (docs/benchmarks.md).
+    if (j.sweep && 4 * j.K * 2 <= kSweepBytes)
+      for (; n + 4 <= end; n += 4) run_block<4, 1>(j, n, 0);
+#endif
     for (; n + 8 <= end; n += 8) run_block<8, 1>(j, n, 0);
 #ifdef SPECSERVE_BF16_AVX512
   } else if (j.M == 2) {
