@@ -350,7 +350,8 @@ void run_row_blocks(const Job& j, int64_t n) {
 
 // Weight rows [begin, end), all rows of x: several weight rows at a time when x has few rows
 // (independent FMA chains to cover the latency; on AVX-512, 4 at one x row where the sweep
-// runs, else 8), else 2 weight rows per row block (4 on AVX-512, with its 32 registers). On
+// runs, else 8), else 2 weight rows per row block (4 on AVX-512, with its 32 registers; 3
+// against all rows at once for 7 and 8 rows). On
 // AVX2, 2 and 3 x rows take 3 weight rows (9 sums, 6 weight vectors and one x vector fit the
 // 16 registers; 4 did not).
 void run_range(const Job& j, int64_t begin, int64_t end) {
@@ -375,6 +376,12 @@ void run_range(const Job& j, int64_t begin, int64_t end) {
 #endif
   } else {
 #ifdef SPECSERVE_BF16_AVX512
+    // 7 or 8 x rows in one block of 3 weight rows (24 sums, 3 weight vectors and one x vector
+    // of the 32 registers): the weights are read once, not once per block of 4 x rows.
+    if (j.M == 7)
+      for (; n + 3 <= end; n += 3) run_block<3, 7>(j, n, 0);
+    else if (j.M == 8)
+      for (; n + 3 <= end; n += 3) run_block<3, 8>(j, n, 0);
     for (; n + 4 <= end; n += 4) run_row_blocks<4>(j, n);
 #endif
     for (; n + 2 <= end; n += 2) run_row_blocks<2>(j, n);
