@@ -68,12 +68,13 @@ def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_swi
 @native
 def test_the_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep (each block of weight rows prefetches the next block, for blocks of up to
-    32 KiB; on AVX-512 one x row then takes blocks of 4 weight rows instead of 8) moves reads
-    only: on (the default) and off (``SPECSERVE_SWEEP_PREFETCH=0``) give the same bits for
-    every blocking of x rows, for K whose blocks take the sweep (1536, and 1552, whose last
-    16 inputs are a half step on AVX-512) and K whose blocks are too large for it (8960), and
-    for N that leaves the last rows of a task without a next block (N = 16 * 7 + 5)."""
-    for n, k in ((16 * 7 + 5, 1536), (16 * 7 + 5, 1552), (37, 8960)):
+    32 KiB on AVX2 and 256 KiB on AVX-512) moves reads only: on (the default) and off
+    (``SPECSERVE_SWEEP_PREFETCH=0``) give the same bits for every blocking of x rows, for K
+    whose blocks take the sweep (1536, and 1552, whose last 16 inputs are a half step on
+    AVX-512), K whose blocks are too large for it on AVX2 (8960) and on AVX-512 at one x row
+    (16400), and for N that leaves the last rows of a task without a next block
+    (N = 16 * 7 + 5)."""
+    for n, k in ((16 * 7 + 5, 1536), (16 * 7 + 5, 1552), (37, 8960), (21, 16400)):
         w, b, x = _data(n, k, 11, seed=3)
         for m in (1, 2, 3, 4, 5, 6, 9, 11):
             monkeypatch.setenv("SPECSERVE_SWEEP_PREFETCH", "1")

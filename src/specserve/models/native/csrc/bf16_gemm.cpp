@@ -98,7 +98,13 @@ constexpr int64_t kMaxRows = 5;
 constexpr int64_t kTaskRows = 16;        // weight rows per unit of the thread split
 constexpr int64_t kPrefetchBytes = 512;  // ahead in each weight row's stream
 // Blocks of more weights than this prefetch each row's stream, never the next block (sweep).
+// AVX-512 sweeps into L2, where a block of up to 256 KiB, the one being read and the x rows
+// fit; AVX2 into L1, with 32 KiB blocks at most.
+#ifdef SPECSERVE_BF16_AVX512
+constexpr int64_t kSweepBytes = int64_t{256} << 10;
+#else
 constexpr int64_t kSweepBytes = int64_t{32} << 10;
+#endif
 
 struct Job {
   const uint16_t* w;     // [N, K]
@@ -154,7 +160,9 @@ inline float reduce_add16(__m512 v) {
 // Weight rows [n0, n0 + NR) against the MR rows of x from m0. Prefetch as in the AVX2
 // variant below: with the sweep on, the first row block prefetches the next block's rows in
 // address order, NR lines (what it reads itself) per step; otherwise each row's own stream
-// 512 bytes ahead.
+// 512 bytes ahead. The sweep's lines go to L2, not L1: the block being read, the next one
+// and the x rows overflow L1 from 2 x rows on at 1536 inputs, and with the lines in L1 a
+// matmul of 4-8 x rows read its weights at 21-31 GB/s instead of 31-39 (docs/benchmarks.md).
 template <int NR, int MR>
 void run_block(const Job& j, int64_t n0, int64_t m0) {
   const int64_t K = j.K;
@@ -169,7 +177,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   int64_t k = 0;
   for (; k + kChunk <= K; k += kChunk) {
     if (sweep) {
-      for (int q = 0; q < NR; ++q) _mm_prefetch(next + 64 * q, _MM_HINT_T0);
+      for (int q = 0; q < NR; ++q) _mm_prefetch(next + 64 * q, _MM_HINT_T1);
       next += NR * 64;
     }
     dot_step<NR, MR>(acc, w, x, K, k, false, !sweep);
@@ -349,19 +357,13 @@ void run_row_blocks(const Job& j, int64_t n) {
 }
 
 // Weight rows [begin, end), all rows of x: several weight rows at a time when x has few rows
-// (independent FMA chains to cover the latency; on AVX-512, 4 at one x row where the sweep
-// runs, else 8), else 2 weight rows per row block (4 on AVX-512, with its 32 registers; 3
-// against all rows at once for 7 and 8 rows). On
-// AVX2, 2 and 3 x rows take 3 weight rows (9 sums, 6 weight vectors and one x vector fit the
-// 16 registers; 4 did not).
+// (independent FMA chains to cover the latency), else 2 weight rows per row block (4 on
+// AVX-512, with its 32 registers; 3 against all rows at once for 7 and 8 rows). On AVX2, 2
+// and 3 x rows take 3 weight rows (9 sums, 6 weight vectors and one x vector fit the 16
+// registers; 4 did not).
 void run_range(const Job& j, int64_t begin, int64_t end) {
   int64_t n = begin;
   if (j.M == 1) {
-#ifdef SPECSERVE_BF16_AVX512
-    // Swept blocks of 4 rows read faster than of 8 at one x row (docs/benchmarks.md).
-    if (j.sweep && 4 * j.K * 2 <= kSweepBytes)
-      for (; n + 4 <= end; n += 4) run_block<4, 1>(j, n, 0);
-#endif
     for (; n + 8 <= end; n += 8) run_block<8, 1>(j, n, 0);
 #ifdef SPECSERVE_BF16_AVX512
   } else if (j.M == 2) {
