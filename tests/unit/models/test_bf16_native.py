@@ -50,9 +50,10 @@ def test_close_to_a_float64_reference(n: int, k: int, amx_switch: str) -> None:
 def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_switch: str) -> None:
     """Every row of an M-row call equals the same row computed alone or among other rows,
     for every M the kernel blocks differently (1, 2, 3, 4-6 on AVX-512 and 4-5 on AVX2, 7
-    and 8 in one block on AVX-512, several row blocks; on the AMX tiles up to 16 rows a block, so M = 17-20 takes two);
-    K = 80 ends in a half chunk on the AVX-512 BF16 variant (chunks of 32 inputs) and stays
-    off the tiles; N = 1003 leaves 11 rows that the tiles hand to the AVX-512 kernel."""
+    and 8 in one block on AVX-512, several row blocks; on the AMX tiles up to 16 rows a
+    block, so M = 17-20 takes two); K = 80 ends in a half chunk on the AVX-512 BF16 variant
+    (chunks of 32 inputs) and stays off the tiles; N = 1003 leaves 11 rows that the tiles
+    hand to the AVX-512 kernel."""
     w, b, x = _data(1003, k, 20, seed=1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -73,3 +73,36 @@ def test_resident_huge_bytes_reads_smaps_rollup() -> None:
         return
     assert isinstance(got, int) and got >= 0 and got % 1024 == 0
     assert "AnonHugePages:" in rollup.read_text()
+
+
+@pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages here")
+def test_adopt_moves_a_parameter_in_place(fresh_state: None) -> None:
+    """The parameter object stays (a module sharing it sees the move), its values are copied
+    exactly into a slab, and a second call, a small tensor or a non-contiguous one stay."""
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(1024, 512).to(torch.bfloat16)
+    head = torch.nn.Linear(512, 1024, bias=False).to(torch.bfloat16)
+    head.weight = embed.weight  # tied, as in Qwen2.5's small models
+    before = embed.weight.detach().clone()
+    old_ptr = embed.weight.data_ptr()
+    assert huge_pages.adopt(head.weight)
+    assert head.weight is embed.weight and embed.weight.data_ptr() != old_ptr
+    assert torch.equal(embed.weight.detach(), before)
+    slab = huge_pages.SLAB_BYTES + 2 * huge_pages.HUGE_PAGE
+    assert embed.weight.untyped_storage().nbytes() == slab
+    assert not huge_pages.adopt(embed.weight)  # once only
+    small = torch.nn.Parameter(torch.ones(16, 16))
+    strided = torch.nn.Parameter(torch.ones(2048, 1024).t())
+    assert huge_pages.adopt_all([small, strided, head.weight]) == 0
+    assert small.data_ptr() != 0 and not strided.is_contiguous()
+    fresh = torch.nn.Parameter(torch.ones(1024, 1024))
+    assert huge_pages.adopt_all([small, fresh]) == 4 * MIB
+
+
+def test_adopt_leaves_everything_where_huge_pages_are_off(
+    fresh_state: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECSERVE_HUGE_PAGES", "0")
+    p = torch.nn.Parameter(torch.ones(1024, 1024))
+    ptr = p.data_ptr()
+    assert not huge_pages.adopt(p) and huge_pages.adopt_all([p]) == 0 and p.data_ptr() == ptr

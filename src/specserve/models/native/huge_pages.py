@@ -13,7 +13,8 @@ when the weights are written (the host's ``transparent_hugepage`` mode must be `
 ``madvise``). A slab lives as long as any tensor cut from it. Bigger tensors get a slab of
 their own. Elsewhere (not Linux, THP off, ``SPECSERVE_HUGE_PAGES=0``) it is ``torch.empty``.
 Only untouched memory is advised, and only the bytes handed out are ever written, so resident
-memory grows by at most one huge page per slab.
+memory grows by at most one huge page per slab. :func:`adopt` moves a weight that was loaded
+elsewhere (a bf16 model's projections, which the native bf16 path streams) into such memory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import ctypes
 import logging
 import sys
 import threading
+import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -40,6 +43,7 @@ _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "madvise": the libc function or None; "slab": current slab
+_adopted: set[int] = set()  # id() of the live parameters adopt() moved
 
 
 def _madvise() -> object | None:
@@ -107,6 +111,37 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
                 raw = slab.take(nbytes)
     assert raw is not None
     return raw.view(dtype).view(shape)
+
+
+def adopt(param: torch.Tensor) -> bool:
+    """Move ``param``'s values into memory from :func:`empty`, in place: ``param.data`` is
+    swapped, so the parameter object stays and every module holding it (a tied embedding and
+    LM head) reads the new memory; the values are copied exactly. Returns whether it moved:
+    a second call on the same parameter, a small, non-contiguous or non-CPU tensor, or a host
+    without huge pages (:func:`available`) leave it as it is."""
+    data = param.data
+    if (
+        id(param) in _adopted
+        or data.device.type != "cpu"
+        or not data.is_contiguous()
+        or data.numel() * data.element_size() < MIN_BYTES
+        or not available()
+    ):
+        return False
+    moved = empty(tuple(data.shape), data.dtype)
+    moved.copy_(data)
+    param.data = moved
+    _adopted.add(id(param))
+    weakref.finalize(param, _adopted.discard, id(param))  # ids are reused after a collection
+    return True
+
+
+def adopt_all(params: Iterable[torch.Tensor]) -> int:
+    """:func:`adopt` each of ``params``; returns the bytes moved (logged at debug level)."""
+    moved = sum(p.numel() * p.element_size() for p in params if adopt(p))
+    if moved:
+        logger.debug("moved %.2f GB of weights into huge pages", moved / 1e9)
+    return moved
 
 
 def resident_huge_bytes() -> int | None:
