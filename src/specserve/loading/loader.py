@@ -22,7 +22,7 @@ from specserve.loading.tokenizer import Tokenizer
 from specserve.loading.transport import fetch
 from specserve.models.arch import ArchConfig, UnsupportedModelError
 from specserve.models.decoder import DecoderLM
-from specserve.models.native import fused_layer
+from specserve.models.native import bf16_native, fused_layer, huge_pages
 from specserve.models.norm_rope import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,18 @@ def build_model(
     return model.requires_grad_(False).eval()
 
 
+def _cached_weights(
+    wfile: Path, dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The weight cache's tensors: read into huge pages where the native bf16 path streams
+    them (``fused_layer.enable`` would move them there: read in directly, no mapping of the
+    file stays beside the copies in the process's memory), else memory-mapped."""
+    native = huge_pages.available() and bf16_native.available()
+    if device.type == "cpu" and dtype == torch.bfloat16 and native:
+        return weight_cache.read_weights(wfile, huge_pages.empty)
+    return weight_cache.load_weights_mmap(wfile)
+
+
 def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     directory = weight_cache.cache_dir_for(path)
     wfile = weight_cache.weights_file(directory, dtype)
@@ -99,7 +111,7 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) 
             arch = weight_cache.load_arch(directory)
             check_fits(arch.num_params(), dtype, device, name)
             tokenizer = Tokenizer.load(directory / "tokenizer")
-            weights = weight_cache.load_weights_mmap(wfile)
+            weights = _cached_weights(wfile, dtype, device)
             logger.info("loading %s from the weight cache %s", name, wfile)
             model = build_model(arch, weights.items(), dtype, device)
             return LoadedModel(model, tokenizer, arch, name, path)

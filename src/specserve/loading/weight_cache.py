@@ -23,7 +23,7 @@ import mmap
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -124,6 +124,24 @@ def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def _header(path: Path, head: bytes, size: int) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
+    """(offset of the data, the tensor entries) of a safetensors file of ``size`` bytes
+    whose first bytes are ``head`` (at least 8; the header's length is read from them)."""
+    if size < 8:
+        raise CorruptModelError(f"{path} is not a safetensors file")
+    (header_len,) = struct.unpack("<Q", head[:8])
+    try:
+        header = json.loads(head[8 : 8 + header_len])
+    except ValueError as e:
+        raise CorruptModelError(f"{path}: unreadable safetensors header: {e}") from e
+    base = 8 + header_len
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    for name, info in entries.items():
+        if base + info["data_offsets"][1] > size:
+            raise CorruptModelError(f"{path}: tensor {name!r} runs past the end of the file")
+    return base, entries
+
+
 def load_weights_mmap(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, memory-mapped copy-on-write (no read until touched)."""
     with open(path, "rb") as fh:
@@ -132,19 +150,34 @@ def load_weights_mmap(path: Path) -> dict[str, torch.Tensor]:
             raise CorruptModelError(f"{path} is not a safetensors file")
         buf = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
     (header_len,) = struct.unpack("<Q", buf[:8])
-    try:
-        header = json.loads(bytes(buf[8 : 8 + header_len]))
-    except ValueError as e:
-        raise CorruptModelError(f"{path}: unreadable safetensors header: {e}") from e
+    base, entries = _header(path, bytes(buf[: 8 + header_len]), size)
     data = torch.frombuffer(buf, dtype=torch.uint8)
-    base = 8 + header_len
     out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    for name, info in entries.items():
         begin, end = info["data_offsets"]
-        if base + end > size:
-            raise CorruptModelError(f"{path}: tensor {name!r} runs past the end of the file")
         dtype = _ST_DTYPES[info["dtype"]]
         out[name] = data[base + begin : base + end].view(dtype).view(info["shape"])
+    return out
+
+
+def read_weights(
+    path: Path, empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file read into memory from ``empty(shape, dtype)`` (e.g. huge
+    pages, models/native/huge_pages.py), each tensor its own; no mapping of the file stays in
+    the process, so the file's pages do not count in its resident memory beside the copies."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(8)
+        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        base, entries = _header(path, head + fh.read(header_len), size)
+        out: dict[str, torch.Tensor] = {}
+        for name, info in entries.items():
+            begin, end = info["data_offsets"]
+            t = empty(tuple(info["shape"]), _ST_DTYPES[info["dtype"]])
+            raw = memoryview(t.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+            fh.seek(base + begin)
+            if raw.nbytes != end - begin or fh.readinto(raw) != raw.nbytes:
+                raise CorruptModelError(f"{path}: tensor {name!r} has the wrong size")
+            out[name] = t
     return out

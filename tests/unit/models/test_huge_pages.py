@@ -97,6 +97,8 @@ def test_adopt_moves_a_parameter_in_place(fresh_state: None) -> None:
     assert small.data_ptr() != 0 and not strided.is_contiguous()
     fresh = torch.nn.Parameter(torch.ones(1024, 1024))
     assert huge_pages.adopt_all([small, fresh]) == 4 * MIB
+    there = torch.nn.Parameter(huge_pages.empty((1024, 1024), torch.float32))
+    assert not huge_pages.adopt(there)  # read into huge pages already (weight_cache)
 
 
 def test_adopt_leaves_everything_where_huge_pages_are_off(

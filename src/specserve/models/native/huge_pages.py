@@ -44,6 +44,10 @@ _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "madvise": the libc function or None; "slab": current slab
 _adopted: set[int] = set()  # id() of the live parameters adopt() moved
+# (address, bytes) of every slab's storage; a slab lives until its last tensor goes, which no
+# Python object marks, so entries stay (a new storage of the same address and odd size:
+# adopt() would skip it, costing speed only).
+_slabs: set[tuple[int, int]] = set()
 
 
 def _madvise() -> object | None:
@@ -74,6 +78,7 @@ class _Slab:
     def __init__(self, nbytes: int) -> None:
         self.buffer = torch.empty(nbytes + 2 * HUGE_PAGE, dtype=torch.uint8)
         base = self.buffer.data_ptr()
+        _slabs.add((base, nbytes + 2 * HUGE_PAGE))
         start = -base % HUGE_PAGE
         self.offset = start
         self.end = start + (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
@@ -117,11 +122,13 @@ def adopt(param: torch.Tensor) -> bool:
     """Move ``param``'s values into memory from :func:`empty`, in place: ``param.data`` is
     swapped, so the parameter object stays and every module holding it (a tied embedding and
     LM head) reads the new memory; the values are copied exactly. Returns whether it moved:
-    a second call on the same parameter, a small, non-contiguous or non-CPU tensor, or a host
-    without huge pages (:func:`available`) leave it as it is."""
+    a second call on the same parameter, a tensor from :func:`empty` already, a small,
+    non-contiguous or non-CPU tensor, or a host without huge pages (:func:`available`) leave
+    it as it is."""
     data = param.data
     if (
         id(param) in _adopted
+        or (data.untyped_storage().data_ptr(), data.untyped_storage().nbytes()) in _slabs
         or data.device.type != "cpu"
         or not data.is_contiguous()
         or data.numel() * data.element_size() < MIN_BYTES
