@@ -14,7 +14,8 @@ over T = 1 .. 9 new tokens (``--max-new``) at a 200-token
 context, logits included (a decode step and the verify steps of k = 1 .. 8 drafts), with
 the int8 kernel's 16-lane (AVX-512F) and 8-lane (AVX2) variants alternating
 (``SPECSERVE_INT8_AVX512``), with ``--switch sweep`` the two ways the int4 and int8 kernels
-prefetch (``SPECSERVE_SWEEP_PREFETCH``), with ``--switch distance`` how far ahead the runs
+prefetch (``SPECSERVE_SWEEP_PREFETCH``), with ``--switch l2`` into which cache they prefetch
+(``SPECSERVE_PREFETCH_L2``: L2 or L1), with ``--switch distance`` how far ahead the runs
 over one tile at a time (4 or more rows) prefetch (``SPECSERVE_ONE_TILE_PREFETCH``: 6 KiB, or
 the 1 / 2 KiB of the int4 / int8 kernels' other runs), or with ``--switch layout`` the two
 packings of their weights (each group's constants inline in its tile's stream, as loaded,
@@ -36,6 +37,7 @@ difference instead.
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch superblocks --rounds 15
+    python benchmarks/int8_group_kernel.py --part step --switch l2 --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
 
 ``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
@@ -158,6 +160,7 @@ SWITCHES = {
     "codes": ("codes", "six-bit codes", "byte codes"),
     "superblocks": ("superblocks", "superblock constants", "per-group fp16 constants"),
     "amx": ("SPECSERVE_QUANT_AMX", "AMX tiles", "AVX-512 BF16"),
+    "l2": ("SPECSERVE_PREFETCH_L2", "prefetch into L2", "prefetch into L1"),
     "distance": (
         "SPECSERVE_ONE_TILE_PREFETCH",
         "one-tile runs 6 KiB ahead",

@@ -293,12 +293,15 @@ def test_sixteen_and_eight_lane_kernels_agree_bit_for_bit(monkeypatch: pytest.Mo
 
 
 @native
-@pytest.mark.parametrize("switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH"])
+@pytest.mark.parametrize(
+    "switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH", "SPECSERVE_PREFETCH_L2"]
+)
 def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
     """Where the kernels prefetch moves reads only, in the 16- and the 8-lane kernels and both
     layouts: the sweep of the two-tile (2-row) path, on or off, and the distance of the
-    one-tile runs (4 or more rows, the last tiles), far or as the others', give the same bits
-    on every path and a ragged last tile."""
+    one-tile runs (4 or more rows, the last tiles), far or as the others', and the cache
+    level the lines go to (L2 or L1), give the same bits on every path and a ragged last
+    tile."""
     gen = torch.Generator().manual_seed(6)
     for lanes, inline in itertools.product(("1", "0"), (True, False)):
         packed = pack(_weight(16 * 21 + 5, 1536, 16, seed=7), inline_constants=inline)

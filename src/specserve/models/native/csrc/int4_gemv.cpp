@@ -111,6 +111,7 @@ struct Problem {
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // AVX-512: the sweep prefetch (sweep_start in simd.h)
+  bool l2;                 // prefetch into L2, not L1 (prefetch_l2 in simd.h)
   int64_t one_tile_distance;  // AVX-512: prefetch distance of one-tile runs (one_tile_prefetch)
   bool inline_constants;   // each group's constants follow its code blocks in qweight
   int64_t M, N, K, ngroups, blocks_per_group;
@@ -172,7 +173,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
       for (int t = 0; t < NT; ++t) {
         const __m512i raw = _mm512_loadu_si512(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], pf);
+        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
         w[t] += kBlockBytes;
         __m512i z[4];
         specserve_native::int4_block_pairs(raw, z);
@@ -189,7 +190,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
       const uint16_t* c = sc[t];
       if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
         c = reinterpret_cast<const uint16_t*>(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], pf);
+        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
         w[t] += kBlockBytes;
       } else {
         sc[t] += 2 * kTile;
@@ -843,6 +844,7 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.out = out;
   p.out_f32 = out_f32;
   p.sweep = specserve_native::sweep_prefetch();
+  p.l2 = specserve_native::prefetch_l2();
 #ifdef SPECSERVE_INT4_AVX512
   p.one_tile_distance = specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch;
 #else

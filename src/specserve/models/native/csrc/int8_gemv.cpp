@@ -112,6 +112,7 @@ struct Problem {
   void* out;               // [M, N], bf16 or fp32
   bool out_f32;
   bool sweep;              // the sweep prefetch (sweep_start in simd.h)
+  bool l2;                 // prefetch into L2, not L1 (prefetch_l2 in simd.h)
   int64_t one_tile_distance;  // prefetch distance of one-tile runs (one_tile_prefetch)
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t groups_per_super;  // superblock constants: 16-input sub-groups a superblock
@@ -189,7 +190,8 @@ template <int NT>
 inline void next_block(const Problem& p, const int8_t* (&w)[NT], const char*& ahead) {
 #pragma GCC unroll 16
   for (int t = 0; t < NT; ++t) {
-    specserve_native::prefetch_line(ahead, w[t], NT == 1 ? p.one_tile_distance : kPrefetch);
+    specserve_native::prefetch_line(ahead, w[t], NT == 1 ? p.one_tile_distance : kPrefetch,
+                                    p.l2);
     w[t] += kBlockBytes;
   }
 }
@@ -946,6 +948,7 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.out = out;
   p.out_f32 = out_f32;
   p.sweep = specserve_native::sweep_prefetch();
+  p.l2 = specserve_native::prefetch_l2();
   p.one_tile_distance = specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch;
   p.M = M;
   p.N = w.N;

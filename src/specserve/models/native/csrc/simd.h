@@ -55,15 +55,29 @@ inline const char* sweep_start(bool on, const void* qweight, int64_t tile0, int6
   return static_cast<const char*>(qweight) + (tile0 + NT) * tile_bytes;
 }
 
+// Whether the int4 and int8 group kernels prefetch into L2 (the default on AVX-512 builds)
+// rather than L1 (SPECSERVE_PREFETCH_L2=0, and AVX2 builds, where it was not measured). The
+// lines prefetched ahead, the tiles being read and the x rows overflow L1: with the lines in
+// L2 a gguf 1.5B step of 1 token took 7 % less time, of 2-3 tokens 11-15 % less, on a Zen 4
+// host (docs/benchmarks.md). Read on every call, like sweep_prefetch(); only reads move.
+inline bool prefetch_l2() {
+#ifdef __AVX512F__
+  const char* v = std::getenv("SPECSERVE_PREFETCH_L2");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+#else
+  return false;
+#endif
+}
+
 // One block step's prefetch for one tile: the sweep's next line (advancing it), or without a
-// sweep the line `distance` bytes ahead of the tile's own stream at `own`.
-inline void prefetch_line(const char*& sweep, const void* own, int64_t distance) {
-  if (sweep != nullptr) {
-    _mm_prefetch(sweep, _MM_HINT_T0);
-    sweep += 64;
-  } else {
-    _mm_prefetch(static_cast<const char*>(own) + distance, _MM_HINT_T0);
-  }
+// sweep the line `distance` bytes ahead of the tile's own stream at `own`; into L2 if `l2`.
+inline void prefetch_line(const char*& sweep, const void* own, int64_t distance, bool l2) {
+  const char* line = sweep != nullptr ? sweep : static_cast<const char*>(own) + distance;
+  if (l2)
+    _mm_prefetch(line, _MM_HINT_T1);
+  else
+    _mm_prefetch(line, _MM_HINT_T0);
+  if (sweep != nullptr) sweep += 64;
 }
 
 // The matmuls process the M rows of x in register blocks of at most max_rows rows, of balanced
