@@ -58,8 +58,10 @@ def build_model(
     weights: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
     device: torch.device,
+    mapped: bool = False,
 ) -> DecoderLM:
-    """A DecoderLM whose parameters *are* the given tensors (no random init, no copy on CPU).
+    """A DecoderLM whose parameters *are* the given tensors (no random init, no copy on CPU;
+    on the native bf16 path, the streamed ones then move into huge pages unless ``mapped``).
 
     Raises UnsupportedModelError/ValueError when names or shapes do not match the architecture.
     """
@@ -87,23 +89,34 @@ def build_model(
     if arch.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta).to(device)
-    fused_layer.enable(model)  # bf16 on CPU: one native op per layer where the model qualifies
+    # bf16 on CPU: one native op per layer where the model qualifies, its streamed weights in
+    # huge pages (in place, values exact), as the quantised formats' packed weights are
+    if fused_layer.enable(model) and not mapped:
+        dense = [m.weight for m in model.model.modules() if type(m) is torch.nn.Linear]
+        huge_pages.adopt_all(dense + ([model.lm_head.weight] if model.logits_runner else []))
     return model.requires_grad_(False).eval()
 
 
+def _streamed_name(name: str) -> bool:
+    """A tensor each decode step reads whole: a projection or the (untied) LM head."""
+    return name.endswith("proj.weight") or name == "lm_head.weight"
+
+
 def _cached_weights(
-    wfile: Path, dtype: torch.dtype, device: torch.device
+    wfile: Path, dtype: torch.dtype, device: torch.device, mapped: bool
 ) -> dict[str, torch.Tensor]:
-    """The weight cache's tensors: read into huge pages where the native bf16 path streams
-    them (``fused_layer.enable`` would move them there: read in directly, no mapping of the
-    file stays beside the copies in the process's memory), else memory-mapped."""
-    native = huge_pages.available() and bf16_native.available()
+    """The weight cache's tensors, memory-mapped; where the native bf16 path will stream them,
+    the streamed ones read into huge pages instead (build_model would move them there: read
+    in directly, the file's pages under them never count beside the copies)."""
+    native = huge_pages.available() and bf16_native.available() and not mapped
     if device.type == "cpu" and dtype == torch.bfloat16 and native:
-        return weight_cache.read_weights(wfile, huge_pages.empty)
+        return weight_cache.read_weights(wfile, huge_pages.empty, _streamed_name)
     return weight_cache.load_weights_mmap(wfile)
 
 
-def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _load_gguf(
+    path: Path, name: str, dtype: torch.dtype, device: torch.device, mapped: bool
+) -> LoadedModel:
     directory = weight_cache.cache_dir_for(path)
     wfile = weight_cache.weights_file(directory, dtype)
     with weight_cache.cache_lock(directory):
@@ -111,9 +124,9 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) 
             arch = weight_cache.load_arch(directory)
             check_fits(arch.num_params(), dtype, device, name)
             tokenizer = Tokenizer.load(directory / "tokenizer")
-            weights = _cached_weights(wfile, dtype, device)
+            weights = _cached_weights(wfile, dtype, device, mapped)
             logger.info("loading %s from the weight cache %s", name, wfile)
-            model = build_model(arch, weights.items(), dtype, device)
+            model = build_model(arch, weights.items(), dtype, device, mapped)
             return LoadedModel(model, tokenizer, arch, name, path)
         fp32_file = weight_cache.weights_file(directory, torch.float32)
         if fp32_file.is_file():  # another dtype: cast the cached fp32 weights, no dequantising
@@ -124,7 +137,7 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) 
             state = {k: v.to(dtype) for k, v in fp32.items()}
             del fp32
             weight_cache.save_weights(wfile, state)
-            model = build_model(arch, state.items(), dtype, device)
+            model = build_model(arch, state.items(), dtype, device, mapped)
             return LoadedModel(model, tokenizer, arch, name, path)
         t0 = time.perf_counter()
         gguf = GGUFFile(path)
@@ -137,17 +150,19 @@ def _load_gguf(path: Path, name: str, dtype: torch.dtype, device: torch.device) 
         weight_cache.save_arch(directory, arch)
         tokenizer.save(directory / "tokenizer")
         weight_cache.save_weights(wfile, state)
-    model = build_model(arch, state.items(), dtype, device)
+    model = build_model(arch, state.items(), dtype, device, mapped)
     return LoadedModel(model, tokenizer, arch, name, path)
 
 
-def _load_hf_dir(path: Path, name: str, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _load_hf_dir(
+    path: Path, name: str, dtype: torch.dtype, device: torch.device, mapped: bool
+) -> LoadedModel:
     if not (path / "config.json").is_file():
         raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
     tokenizer = hf_tokenizer(path)
     arch = hf_arch(path, tokenizer.eos_token_ids)
     check_fits(arch.num_params(), dtype, device, name)
-    model = build_model(arch, iter_hf_weights(path, dtype), dtype, device)
+    model = build_model(arch, iter_hf_weights(path, dtype), dtype, device, mapped)
     return LoadedModel(model, tokenizer, arch, name, path)
 
 
@@ -191,12 +206,18 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
 
 
 def load_model(
-    spec: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    spec: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    mapped: bool = False,
 ) -> LoadedModel:
     """Load a model by catalog name, local ``.gguf`` file, local HF directory or HF repo id.
 
     Catalog models are fetched (and verified) on first use; GGUF weights are dequantised once
-    and cached (``weight_cache.py``). Memory is checked before any weight is read.
+    and cached (``weight_cache.py``). Memory is checked before any weight is read. bf16
+    weights that the native path streams each step are read into huge pages; ``mapped``
+    leaves the weights where they come from (the weight cache's file mapped, read as
+    touched), for a caller that replaces them (a quantised format).
 
     Raises:
         ModelNotFoundError: no such catalog name, path or repository.
@@ -212,5 +233,5 @@ def load_model(
     name = str(spec)
     kind, path = resolve_source(name)
     if kind == "gguf":
-        return _load_gguf(path, name, dtype, dev)
-    return _load_hf_dir(path, name, dtype, dev)
+        return _load_gguf(path, name, dtype, dev, mapped)
+    return _load_hf_dir(path, name, dtype, dev, mapped)

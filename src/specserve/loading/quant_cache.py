@@ -156,7 +156,8 @@ def load_model_with_weights(
     if weights not in get_args(WeightFormat):
         raise ValueError(f"unknown weight format {weights!r}; choose from {get_args(WeightFormat)}")
     compute = compute_dtype_for(weights, dtype)
-    lm = load_model(spec, dtype=compute, device=device)
+    # a quantised format replaces the float weights: leave them mapped, read as quantised
+    lm = load_model(spec, dtype=compute, device=device, mapped=weights not in FLOAT_WEIGHT_FORMATS)
     if weights in FLOAT_WEIGHT_FORMATS:
         return lm
     if weights == gguf_stored.FORMAT:

@@ -161,18 +161,22 @@ def load_weights_mmap(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_weights(
-    path: Path, empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+    path: Path,
+    empty: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+    which: Callable[[str], bool],
 ) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file read into memory from ``empty(shape, dtype)`` (e.g. huge
-    pages, models/native/huge_pages.py), each tensor its own; no mapping of the file stays in
-    the process, so the file's pages do not count in its resident memory beside the copies."""
+    """Tensors of a safetensors file: those named by ``which`` read into memory from
+    ``empty(shape, dtype)`` (e.g. huge pages, models/native/huge_pages.py), each its own, so
+    the file's pages under them never count in the process's resident memory beside the
+    copies; the others memory-mapped as :func:`load_weights_mmap` gives them (read as touched:
+    an embedding table's rows)."""
+    out = load_weights_mmap(path)
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(8)
-        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-        base, entries = _header(path, head + fh.read(header_len), size)
-        out: dict[str, torch.Tensor] = {}
+        size, head = os.fstat(fh.fileno()).st_size, fh.read(8)  # checked by the mapping
+        base, entries = _header(path, head + fh.read(struct.unpack("<Q", head)[0]), size)
         for name, info in entries.items():
+            if not which(name):
+                continue
             begin, end = info["data_offsets"]
             t = empty(tuple(info["shape"]), _ST_DTYPES[info["dtype"]])
             raw = memoryview(t.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import AttentionMetadata, DecoderLM
-from specserve.models.native import bf16_native, fused_layer, huge_pages, int4_native
+from specserve.models.native import bf16_native, fused_layer, int4_native
 from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
 from tests.fused_reference import reference
@@ -339,32 +339,3 @@ def test_quantising_a_bf16_model_replans_the_path() -> None:
     assert model.logits_runner is None
     hidden = torch.randn(2, 128, dtype=torch.bfloat16)
     assert model.compute_logits(hidden).shape == (2, model.cfg.vocab_size)
-
-
-@native_bf16
-@pytest.mark.skipif(not huge_pages.available(), reason="no transparent huge pages here")
-def test_a_bf16_models_streamed_weights_move_into_huge_pages(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Enabling the bf16 path moves the projections of 1 MiB or more into huge pages (in
-    place: the layers' call arguments see them), which changes no logit; with
-    ``SPECSERVE_HUGE_PAGES=0`` they stay where the loader put them."""
-    big = dict(hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=2, head_dim=64)
-
-    def run() -> tuple[DecoderLM, list[int], torch.Tensor]:
-        tiny = make_tiny_model("qwen2", seed=4, **big).to(torch.bfloat16)
-        before = [m.weight.data_ptr() for m in tiny.model.layers[0].mlp.modules()
-                  if isinstance(m, torch.nn.Linear)]  # fmt: skip
-        fused_layer.enable(tiny)
-        cache = SingleSequenceCache(tiny, 32)
-        return tiny, before, tiny.compute_logits(cache.forward(IDS[:9]))
-
-    moved, ptrs, logits = run()
-    mlp = [m for m in moved.model.layers[0].mlp.modules() if isinstance(m, torch.nn.Linear)]
-    assert all(m.weight.data_ptr() != p for m, p in zip(mlp, ptrs, strict=True))
-    assert not huge_pages.adopt(mlp[0].weight)  # already there
-    monkeypatch.setenv("SPECSERVE_HUGE_PAGES", "0")
-    kept, ptrs, want = run()
-    mlp = [m for m in kept.model.layers[0].mlp.modules() if isinstance(m, torch.nn.Linear)]
-    assert all(m.weight.data_ptr() == p for m, p in zip(mlp, ptrs, strict=True))
-    assert torch.equal(logits, want)

@@ -9,9 +9,9 @@ forms:
 - ``int4_decoder_layer`` for quantised models whose projections all run on the native int4
   kernel (models/native/int4_native.py) or the native int8-group kernel
   (models/native/int8_native.py), in any mix (``Int4Linear`` / ``Int8GroupLinear``);
-- ``bf16_decoder_layer`` for unquantised bf16 models, on the model's own weights (moved into
-  huge pages) through the native bf16 kernel (models/native/bf16_native.py), and the native
-  LM head (``DecoderLM.logits_runner``).
+- ``bf16_decoder_layer`` for unquantised bf16 models, on the model's own weights through the
+  native bf16 kernel (models/native/bf16_native.py), and the native LM head
+  (``DecoderLM.logits_runner``).
 
 When: :func:`enable` is called on every model that the loader builds and on every quantised
 one (models/quant/quantize.py). It turns the path on only where every layer can take it: bf16
@@ -46,7 +46,7 @@ import torch
 
 from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLayer, DecoderLM
-from specserve.models.native import bf16_native, huge_pages, int4_native, int8_native
+from specserve.models.native import bf16_native, int4_native, int8_native
 from specserve.models.native.env_switch import switched_off
 from specserve.models.native.tile_stream import (
     QUANTISED_X,
@@ -282,10 +282,6 @@ def enable(model: DecoderLM) -> bool:
     dense_head = type(model.lm_head) is torch.nn.Linear and model.lm_head.bias is None
     bf16_head = plan[0].op == "bf16_decoder_layer" and dense_head
     model.logits_runner = native_logits if bf16_head else None
-    if plan[0].op == "bf16_decoder_layer":  # streamed every step: in huge pages, in place
-        modules = [m for layer in _layers(model) for m in layer.modules()]
-        dense = [m.weight for m in modules if type(m) is torch.nn.Linear]
-        huge_pages.adopt_all(dense + ([model.lm_head.weight] if bf16_head else []))
     return True
 
 
