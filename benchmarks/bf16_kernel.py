@@ -20,12 +20,18 @@ AVX-512 BF16 or AVX2 kernel, with its sweep prefetch switched off
 bit, what eight T = 1 steps give (the condition for greedy speculative output to equal plain
 output).
 
+``--part thp``: the 1.5B's one-token step (logits included) with its streamed weights in
+transparent huge pages (as the loader places them, models/native/huge_pages.py) and with the
+same weights in ordinary 4 KiB pages (a deep copy of the model), the two models' steps
+alternating; medians of ``--rounds`` each, and whether both give the same logits.
+
 ``--part prefill``: a 64- and a 200-token prompt of the 1.5B in bf16, prefilled on the native
 path (the fused layer ops over chunks of 16 tokens) and on the eager one, alternating; best
 of ``--rounds``. It also says whether the native prefill's last row equals, bit for bit,
 what feeding the prompt one token at a time gives.
 
     python benchmarks/bf16_kernel.py --part matmul
+    python benchmarks/bf16_kernel.py --part thp --rounds 40
     python benchmarks/bf16_kernel.py --part step
     python benchmarks/bf16_kernel.py --part prefill --rounds 3
 
@@ -179,6 +185,44 @@ def part_step(rounds: int) -> None:
         print(f"{name} / {first}: {ratios} ({rounds} rounds, medians)")
 
 
+def part_thp(rounds: int) -> None:
+    import copy
+
+    from specserve.kv_cache.single_sequence import SingleSequenceCache
+    from specserve.loading import load_model
+    from specserve.models.native import fused_layer, huge_pages
+
+    if not huge_pages.available():
+        raise SystemExit("transparent huge pages are not available here")
+    huge = load_model("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16).model
+    held = huge_pages.resident_huge_bytes() or 0
+    small = copy.deepcopy(huge)  # torch.empty copies: 4 KiB pages
+    if not (fused_layer.enable(huge) and fused_layer.enable(small)):
+        raise SystemExit(f"the native path is off here: {fused_layer.why_not(huge)}")
+    print(f"resident in huge pages after loading: {held / 2**30:.2f} GiB")
+    context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
+    models = {"huge pages": huge, "4 KiB pages": small}
+    caches = {name: SingleSequenceCache(m, 256) for name, m in models.items()}
+    logits = {}
+    for name, cache in caches.items():
+        cache.forward(context)
+        logits[name] = models[name].compute_logits(cache.forward([311]))
+        cache.truncate(len(context))
+    times: dict[str, list[float]] = {name: [] for name in caches}
+    for _ in range(rounds):
+        for name, cache in caches.items():
+            t0 = time.perf_counter()
+            models[name].compute_logits(cache.forward([311]))
+            times[name].append(time.perf_counter() - t0)
+            cache.truncate(len(context))
+    med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    for name, m in med.items():
+        print(f"{name}: T = 1 median {m:.1f} ms")
+    same = torch.equal(logits["huge pages"], logits["4 KiB pages"])
+    ratio = med["4 KiB pages"] / med["huge pages"]
+    print(f"4 KiB / huge pages: {ratio:.2f}x ({rounds} rounds); same logits: {same}")
+
+
 def part_prefill(rounds: int) -> None:
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.loading import load_model
@@ -215,7 +259,7 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--part", choices=["matmul", "step", "prefill"], required=True)
+    p.add_argument("--part", choices=["matmul", "step", "thp", "prefill"], required=True)
     p.add_argument("--rounds", type=int, default=15, help="alternations of --part step/prefill")
     args = p.parse_args()
     if not bf16_native.available():
@@ -224,6 +268,8 @@ def main() -> int:
         part_matmul()
     elif args.part == "prefill":
         part_prefill(args.rounds)
+    elif args.part == "thp":
+        part_thp(args.rounds)
     else:
         part_step(args.rounds)
     return 0
