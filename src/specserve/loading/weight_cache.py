@@ -124,14 +124,17 @@ def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def _header(path: Path, head: bytes, size: int) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
-    """(offset of the data, the tensor entries) of a safetensors file of ``size`` bytes
-    whose first bytes are ``head`` (at least 8; the header's length is read from them)."""
-    if size < 8:
-        raise CorruptModelError(f"{path} is not a safetensors file")
-    (header_len,) = struct.unpack("<Q", head[:8])
+def _mapped(path: Path) -> tuple[torch.Tensor, int, dict[str, dict]]:  # type: ignore[type-arg]
+    """A safetensors file memory-mapped copy-on-write: (its bytes, the offset of the data, the
+    tensor entries of its header), every entry checked to lie inside the file."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 8:
+            raise CorruptModelError(f"{path} is not a safetensors file")
+        buf = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+    (header_len,) = struct.unpack("<Q", buf[:8])
     try:
-        header = json.loads(head[8 : 8 + header_len])
+        header = json.loads(bytes(buf[8 : 8 + header_len]))
     except ValueError as e:
         raise CorruptModelError(f"{path}: unreadable safetensors header: {e}") from e
     base = 8 + header_len
@@ -139,25 +142,12 @@ def _header(path: Path, head: bytes, size: int) -> tuple[int, dict[str, dict]]: 
     for name, info in entries.items():
         if base + info["data_offsets"][1] > size:
             raise CorruptModelError(f"{path}: tensor {name!r} runs past the end of the file")
-    return base, entries
+    return torch.frombuffer(buf, dtype=torch.uint8), base, entries
 
 
 def load_weights_mmap(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file, memory-mapped copy-on-write (no read until touched)."""
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size < 8:
-            raise CorruptModelError(f"{path} is not a safetensors file")
-        buf = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
-    (header_len,) = struct.unpack("<Q", buf[:8])
-    base, entries = _header(path, bytes(buf[: 8 + header_len]), size)
-    data = torch.frombuffer(buf, dtype=torch.uint8)
-    out: dict[str, torch.Tensor] = {}
-    for name, info in entries.items():
-        begin, end = info["data_offsets"]
-        dtype = _ST_DTYPES[info["dtype"]]
-        out[name] = data[base + begin : base + end].view(dtype).view(info["shape"])
-    return out
+    return read_weights(path, lambda shape, dtype: torch.empty(shape, dtype=dtype), lambda _: False)
 
 
 def read_weights(
@@ -168,17 +158,18 @@ def read_weights(
     """Tensors of a safetensors file: those named by ``which`` read into memory from
     ``empty(shape, dtype)`` (e.g. huge pages, models/native/huge_pages.py), each its own, so
     the file's pages under them never count in the process's resident memory beside the
-    copies; the others memory-mapped as :func:`load_weights_mmap` gives them (read as touched:
-    an embedding table's rows)."""
-    out = load_weights_mmap(path)
+    copies; the others memory-mapped copy-on-write (read as touched: an embedding table's
+    rows)."""
+    data, base, entries = _mapped(path)
+    out: dict[str, torch.Tensor] = {}
     with open(path, "rb") as fh:
-        size, head = os.fstat(fh.fileno()).st_size, fh.read(8)  # checked by the mapping
-        base, entries = _header(path, head + fh.read(struct.unpack("<Q", head)[0]), size)
         for name, info in entries.items():
-            if not which(name):
-                continue
             begin, end = info["data_offsets"]
-            t = empty(tuple(info["shape"]), _ST_DTYPES[info["dtype"]])
+            dtype = _ST_DTYPES[info["dtype"]]
+            if not which(name):
+                out[name] = data[base + begin : base + end].view(dtype).view(info["shape"])
+                continue
+            t = empty(tuple(info["shape"]), dtype)
             raw = memoryview(t.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
             fh.seek(base + begin)
             if raw.nbytes != end - begin or fh.readinto(raw) != raw.nbytes:

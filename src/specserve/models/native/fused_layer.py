@@ -10,28 +10,30 @@ forms:
   kernel (models/native/int4_native.py) or the native int8-group kernel
   (models/native/int8_native.py), in any mix (``Int4Linear`` / ``Int8GroupLinear``);
 - ``bf16_decoder_layer`` for unquantised bf16 models, on the model's own weights through the
-  native bf16 kernel (models/native/bf16_native.py), and the native LM head
-  (``DecoderLM.logits_runner``).
+  native bf16 kernel (models/native/bf16_native.py). Such a model also gets the native LM
+  head (``DecoderLM.logits_runner``).
 
 When: :func:`enable` is called on every model that the loader builds and on every quantised
 one (models/quant/quantize.py). It turns the path on only where every layer can take it: bf16
 activations on CPU, every projection on one of the native kernels, head_dim and hidden sizes
 multiples of 16. Every forward takes it: decode steps and ``k + 1``-token verifies in one
-call per layer, prompts in chunks of ``MAX_ROWS`` tokens (``DecoderLM.forward``), each chunk
-attending to the keys and values the earlier ones cached. ``SPECSERVE_FUSED_LAYER=0`` (read
-at set-up) turns it off.
+call per layer, prompts in chunks of ``MAX_ROWS`` tokens (``DecoderLM.forward``), each
+chunk attending to the keys and values the earlier ones cached.
+``SPECSERVE_FUSED_LAYER=0`` turns it off (checked when a model is set up), e.g. to compare
+both paths.
 
 Numbers: the residual stream between layers stays in fp32, bf16 being only what enters a
 projection, the KV cache and the attention output, and the final norm's output
 (``norm_rope.final_norm``): closer to fp32 activations than the eager bf16 module
-(docs/benchmarks.md). ``SPECSERVE_FP32_RESIDUAL=0`` (read at set-up) keeps it in bf16, rounding
-wherever the eager path does. Either way the op accumulates in fp32 and agrees with the eager
-path to bf16 rounding, not bit for bit. Each query row's result is independent of the batch, of
-the chunk it is in and of the context length the batch is padded to, so speculative greedy
-output equals plain greedy output on this path, also batched. Prompts take the same path, so a
-prompt's cached keys and values and its first token are, bit for bit, what decoding it one token
-at a time would give; the 1.5B's chunks prefill 1.2-1.4x faster than PyTorch's bf16 linears on
-an AVX2 CPU (``benchmarks/bf16_kernel.py --part prefill``).
+(docs/benchmarks.md). ``SPECSERVE_FP32_RESIDUAL=0`` (read at set-up) keeps it in bf16,
+rounding wherever the eager path does. Either way the op accumulates in fp32 and agrees with
+the eager path to bf16 rounding, not bit for bit. Each query row's result is independent of
+the batch, of the chunk it is in and of the context length the batch is padded to, so
+speculative greedy output equals plain greedy output on this path, also with several
+sequences batched. Prompts take the same path, so a prompt's cached keys and values and its
+first token are, bit for bit, what decoding the prompt one token at a time would give; on the
+1.5B in bf16 the chunks also prefill 1.2-1.4x faster than PyTorch's bf16 linears on an AVX2
+CPU (``benchmarks/bf16_kernel.py --part prefill``; figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -279,7 +281,8 @@ def enable(model: DecoderLM) -> bool:
     for layer, weights in zip(_layers(model), plan, strict=True):
         layer.fused = weights
     model.layer_runner = run_layers
-    dense_head = type(model.lm_head) is torch.nn.Linear and model.lm_head.bias is None
+    lm_head = model.lm_head
+    dense_head = type(lm_head) is torch.nn.Linear and lm_head.bias is None
     bf16_head = plan[0].op == "bf16_decoder_layer" and dense_head
     model.logits_runner = native_logits if bf16_head else None
     return True

@@ -23,7 +23,6 @@ import ctypes
 import logging
 import sys
 import threading
-import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,7 +42,6 @@ _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "madvise": the libc function or None; "slab": current slab
-_adopted: set[int] = set()  # id() of the live parameters adopt() moved
 # (address, bytes) of every slab's storage; a slab lives until its last tensor goes, which no
 # Python object marks, so entries stay (a new storage of the same address and odd size:
 # adopt() would skip it, costing speed only).
@@ -122,13 +120,12 @@ def adopt(param: torch.Tensor) -> bool:
     """Move ``param``'s values into memory from :func:`empty`, in place: ``param.data`` is
     swapped, so the parameter object stays and every module holding it (a tied embedding and
     LM head) reads the new memory; the values are copied exactly. Returns whether it moved:
-    a second call on the same parameter, a tensor from :func:`empty` already, a small,
-    non-contiguous or non-CPU tensor, or a host without huge pages (:func:`available`) leave
-    it as it is."""
+    a tensor in a slab already (from :func:`empty`, or moved by an earlier call), a small,
+    non-contiguous or non-CPU tensor, or a host without huge pages (:func:`available`) stays
+    as it is."""
     data = param.data
     if (
-        id(param) in _adopted
-        or (data.untyped_storage().data_ptr(), data.untyped_storage().nbytes()) in _slabs
+        (data.untyped_storage().data_ptr(), data.untyped_storage().nbytes()) in _slabs
         or data.device.type != "cpu"
         or not data.is_contiguous()
         or data.numel() * data.element_size() < MIN_BYTES
@@ -138,8 +135,6 @@ def adopt(param: torch.Tensor) -> bool:
     moved = empty(tuple(data.shape), data.dtype)
     moved.copy_(data)
     param.data = moved
-    _adopted.add(id(param))
-    weakref.finalize(param, _adopted.discard, id(param))  # ids are reused after a collection
     return True
 
 

@@ -128,6 +128,13 @@ inline void store_output(const Job& j, int64_t m, int64_t n, float y) {
     static_cast<uint16_t*>(j.out)[at] = specserve_native::bf16_bits_scalar(y);
 }
 
+// Whether the block of NR weight rows from n0 against the x rows from m0 sweeps (prefetches
+// the next block): the first row block only, with a next block in the task, of at most
+// kSweepBytes of weights.
+inline bool sweeps(const Job& j, int nr, int64_t n0, int64_t m0) {
+  return j.sweep && m0 == 0 && n0 + 2 * nr <= j.n_end && nr * j.K * 2 <= kSweepBytes;
+}
+
 #ifdef SPECSERVE_BF16_AVX512
 
 inline __m512i load_chunk(const uint16_t* p) { return _mm512_loadu_si512(p); }
@@ -169,7 +176,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const uint16_t* x = static_cast<const uint16_t*>(j.x) + m0 * K;
-  const bool sweep = j.sweep && m0 == 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
+  const bool sweep = sweeps(j, NR, n0, m0);
   const char* next = reinterpret_cast<const char*>(j.w + (n0 + NR) * K);
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
@@ -277,7 +284,7 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const float* x = static_cast<const float*>(j.x) + m0 * K;
-  const bool sweep = j.sweep && m0 == 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
+  const bool sweep = sweeps(j, NR, n0, m0);
   const char* next = reinterpret_cast<const char*>(j.w + (n0 + NR) * K);
   constexpr int kLinesPerStep = (NR * kChunk * 2 + 63) / 64;
   __m256 acc[NR][MR];
