@@ -168,8 +168,8 @@ inline float reduce_add16(__m512 v) {
 // variant below: with the sweep on, the first row block prefetches the next block's rows in
 // address order, NR lines (what it reads itself) per step; otherwise each row's own stream
 // 512 bytes ahead. The sweep's lines go to L2, not L1: the block being read, the next one
-// and the x rows overflow L1 from 2 x rows on at 1536 inputs, and with the lines in L1 a
-// matmul of 4-8 x rows read its weights at 21-31 GB/s instead of 31-39 (docs/benchmarks.md).
+// and the x rows overflow L1 from 2 x rows on at 1536 inputs; with the lines in L1 an 8-token
+// verify of the 1.5B cost 2.2x a decode step, in L2 1.43x (docs/benchmarks.md).
 template <int NR, int MR>
 void run_block(const Job& j, int64_t n0, int64_t m0) {
   const int64_t K = j.K;

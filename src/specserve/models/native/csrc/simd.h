@@ -58,7 +58,7 @@ inline const char* sweep_start(bool on, const void* qweight, int64_t tile0, int6
 // Whether the int4 and int8 group kernels prefetch into L2 (the default on AVX-512 builds)
 // rather than L1 (SPECSERVE_PREFETCH_L2=0, and AVX2 builds, where it was not measured). The
 // lines prefetched ahead, the tiles being read and the x rows overflow L1: with the lines in
-// L2 a gguf 1.5B step of 1 token took 7 % less time, of 2-3 tokens 11-15 % less, on a Zen 4
+// L2 a gguf 1.5B step of 1 token took 8 % less time, of 2-3 tokens 11-22 % less, on a Zen 4
 // host (docs/benchmarks.md). Read on every call, like sweep_prefetch(); only reads move.
 inline bool prefetch_l2() {
 #ifdef __AVX512F__
