@@ -37,6 +37,8 @@ class ArmResult:
         error: why the arm did not run (the row says so instead of vanishing).
         round_tok_per_s: with ``--rounds``, per prompt the decode speed of every round in
             order (``run_interleaved``); empty otherwise.
+        group: the arms alternated with it in one ``run_interleaved`` share it (the weight
+            format); only ratios within a group are paired round by round.
     """
 
     name: str
@@ -47,6 +49,7 @@ class ArmResult:
     bytes_per_token: int | None = None
     error: str | None = None
     round_tok_per_s: list[list[float]] = field(default_factory=list)
+    group: str = ""
 
     def tok_per_s(self, i: int) -> float:
         n = len(self.token_ids[i]) - 1
@@ -115,10 +118,16 @@ def arm_of_runs(
     return arm
 
 
+class ArmFailed(Exception):
+    """An arm cannot go on (its worker process died): ``run_interleaved`` prints it as not
+    run, with this message, and goes on with the other arms."""
+
+
 @dataclass
 class InProcessArm:
-    """A specserve arm run in this process: ``run(i, prompt_ids)`` decodes prompt ``i``
-    once (each call starts afresh: a new cache, proposer state and k controller)."""
+    """An arm that ``run_interleaved`` alternates with others: ``run(i, prompt_ids)`` decodes
+    prompt ``i`` once (each call starts afresh: a new cache, proposer state and k controller),
+    in this process or by asking a long-lived worker (llama.cpp, ``worker_arms.py``)."""
 
     name: str
     run: Callable[[int, list[int]], GenerationResult]
@@ -190,16 +199,27 @@ def run_interleaved(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     runs: dict[tuple[int, int], list[GenerationResult]] = {}
+    failed: dict[int, str] = {}
     for r in range(rounds):
         order = list(enumerate(arms)) if r % 2 == 0 else list(enumerate(arms))[::-1]
         for i, ids in enumerate(prompts):
             for a, arm in order:
-                result = arm.run(i, ids)
+                if a in failed:
+                    continue
+                try:
+                    result = arm.run(i, ids)
+                except ArmFailed as e:
+                    logger.warning("%s: %s", arm.name, e)
+                    failed[a] = str(e)
+                    continue
                 if on_run is not None:
                     on_run(arm.name, i, result)
                 runs.setdefault((a, i), []).append(result)
     out: list[ArmResult] = []
     for a, arm in enumerate(arms):
+        if a in failed:
+            out.append(ArmResult(arm.name, error=failed[a]))
+            continue
         median_runs = []
         for i in range(len(prompts)):
             rs = runs[(a, i)]

@@ -1,11 +1,21 @@
 """llama.cpp arm of ``specserve perf``, run by the interpreter that has ``llama_cpp``.
 
 Standalone on purpose (stdlib + ``llama_cpp`` only): ``llama-cpp-python`` usually lives in a
-virtual environment of its own. Input: one JSON argument ``{"gguf", "prompts" (token id
-lists), "max_tokens", "threads", "modes", "num_pred_tokens", "eos", "loglik_ids" (optional: a
-token id list)}``. Output: one JSON line per (mode, prompt) on stdout with the generated ids
-and timings, and with ``loglik_ids`` one line ``{"loglik": mean log-probability per token of
-ids[1:] given the preceding ones}``, computed from llama.cpp's logits of the file as stored.
+virtual environment of its own. The worker lives as long as the run, so that ``perf`` can
+alternate llama.cpp's decodes with its own, seconds apart, instead of running them minutes
+later on a host whose speed has drifted.
+
+Input: one JSON argument ``{"gguf", "threads", "num_pred_tokens", "n_ctx" (optional)}``. The
+worker answers ``{"ready": true}`` once ``llama_cpp`` imports (or ``{"error"}`` and exits),
+then one JSON line on stdout per JSON line on stdin, until stdin closes:
+
+- ``{"op": "decode", "mode": "plain" | "prompt_lookup", "prompt": ids, "max_tokens", "eos"}``:
+  ``{"mode", "token_ids", "prefill_s", "decode_s"}``, greedy, from a fresh context (one
+  ``Llama`` per mode, made on its first request and kept);
+- ``{"op": "loglik", "ids": ids}``: ``{"loglik": mean log-probability per token of ids[1:]
+  given the preceding ones}``, computed from llama.cpp's logits of the file as stored.
+
+A request that fails is answered ``{"error"}`` and the worker exits.
 """
 
 from __future__ import annotations
@@ -14,11 +24,16 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 # Run as a script, this file's folder (specserve/perf) comes first on sys.path, and its
 # profile.py would shadow the standard library's (which cProfile imports).
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     del sys.path[0]
+
+
+def _say(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
 
 
 def main() -> int:
@@ -27,52 +42,67 @@ def main() -> int:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError as e:
-        print(json.dumps({"error": f"llama_cpp is not importable here: {e}"}), flush=True)
+        _say({"error": f"llama_cpp is not importable here: {e}"})
         return 2
-    eos = set(args["eos"])
-    if args.get("loglik_ids"):
-        print(json.dumps({"loglik": _loglik(Llama, args)}), flush=True)
-    for mode in args["modes"]:
-        kwargs = {}
-        if mode == "prompt_lookup":
-            kwargs["draft_model"] = LlamaPromptLookupDecoding(
-                num_pred_tokens=args["num_pred_tokens"]
+    _say({"ready": True})
+    models: dict[str, Any] = {}
+
+    def model(mode: str) -> Any:
+        if mode not in models:
+            kwargs = {}
+            if mode == "prompt_lookup":
+                kwargs["draft_model"] = LlamaPromptLookupDecoding(
+                    num_pred_tokens=args["num_pred_tokens"]
+                )
+            elif mode != "plain":
+                raise ValueError(f"unknown mode {mode!r}")
+            models[mode] = Llama(
+                model_path=args["gguf"],
+                n_ctx=args.get("n_ctx", 2048),
+                n_threads=args["threads"],
+                n_threads_batch=args["threads"],
+                verbose=False,
+                **kwargs,
             )
-        llm = Llama(
-            model_path=args["gguf"],
-            n_ctx=args.get("n_ctx", 2048),
-            n_threads=args["threads"],
-            n_threads_batch=args["threads"],
-            verbose=False,
-            **kwargs,
-        )
-        for prompt in args["prompts"]:
-            llm.reset()
-            out: list[int] = []
-            t0 = time.perf_counter()
-            t1 = t0
-            for tok in llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, reset=True):
-                if not out:
-                    t1 = time.perf_counter()
-                out.append(int(tok))
-                if int(tok) in eos or len(out) >= args["max_tokens"]:
-                    break
-            t2 = time.perf_counter()
-            print(
-                json.dumps(
-                    {"mode": mode, "token_ids": out, "prefill_s": t1 - t0, "decode_s": t2 - t1}
-                ),
-                flush=True,
-            )
-        del llm
+        return models[mode]
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if req["op"] == "decode":
+                _say(_decode(model(req["mode"]), req))
+            elif req["op"] == "loglik":
+                _say({"loglik": _loglik(Llama, args, req["ids"])})
+            else:
+                raise ValueError(f"unknown op {req['op']!r}")
+        except Exception as e:  # said on stdout, where the parent reads
+            _say({"error": f"{type(e).__name__}: {e}"})
+            return 1
     return 0
 
 
-def _loglik(llama_class, args) -> float:  # type: ignore[no-untyped-def]
+def _decode(llm: Any, req: dict[str, Any]) -> dict[str, Any]:
+    eos = set(req["eos"])
+    llm.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    t1 = t0
+    for tok in llm.generate(req["prompt"], temp=0.0, top_k=1, top_p=1.0, reset=True):
+        if not out:
+            t1 = time.perf_counter()
+        out.append(int(tok))
+        if int(tok) in eos or len(out) >= req["max_tokens"]:
+            break
+    t2 = time.perf_counter()
+    return {"mode": req["mode"], "token_ids": out, "prefill_s": t1 - t0, "decode_s": t2 - t1}
+
+
+def _loglik(llama_class: Any, args: dict[str, Any], ids: list[int]) -> float:
     """Mean log p(ids[t] | ids[:t]) over t >= 1, from one evaluation with every row's logits."""
     import numpy as np  # a dependency of llama-cpp-python
 
-    ids = args["loglik_ids"]
     llm = llama_class(
         model_path=args["gguf"],
         n_ctx=max(2048, len(ids) + 8),

@@ -43,7 +43,14 @@ from specserve.perf.report import (
     print_table,
     quality_vs,
 )
-from specserve.perf.worker_arms import run_llamacpp, run_vllm
+from specserve.perf.worker_arms import (
+    llamacpp_arms,
+    llamacpp_loglik,
+    llamacpp_names,
+    run_llamacpp,
+    run_vllm,
+    start_llamacpp,
+)
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.plain_loop import GenerationResult
@@ -102,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     eos: tuple[int, ...] = ()
     loglik: dict[str, float] = {}
     held_out_ids: list[int] = []
+    gguf = None
+    if "llamacpp" in arms_wanted:
+        gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
     for i, fmt in enumerate(formats):
         t0 = time.perf_counter()
         target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
@@ -119,10 +129,28 @@ def run(args: argparse.Namespace) -> int:
             eos = tuple(target.tokenizer.eos_token_ids)
         tm, dm = target.model, draft.model
         in_process = _in_process_arms(fmt, tm, dm, arms_wanted, args.k, params, eos, draft_fmt)
+        held_out_ids = list(target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False))
+        # llama.cpp reads the same file as gguf: its arms alternate with gguf's, its plain
+        # right after ours (a worker process kept alive for the rounds)
+        worker = None
+        if gguf is not None and fmt == "gguf":
+            worker = start_llamacpp(args.llama_python, gguf, threads)
+            if isinstance(worker, str):
+                results += [ArmResult(n, error=worker) for n in llamacpp_names(gguf)]
+            else:
+                plain, lookup = llamacpp_arms(worker, gguf, args.max_tokens, eos)
+                in_process[1:1] = [plain]
+                in_process.append(lookup)
         measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
+        if worker is not None:
+            if not isinstance(worker, str):
+                llamacpp_loglik(worker, held_out_ids, loglik)
+                worker.close()
+            gguf = None  # measured
+        for arm in measured:
+            arm.group = fmt
         plain_by_fmt[fmt] = measured[0]
         results += measured
-        held_out_ids = list(target.tokenizer.encode(HELD_OUT_TEXT, add_special_tokens=False))
         loglik[fmt] = mean_log_likelihood(tm, held_out_ids)
         if i == 0:
             print(
@@ -141,9 +169,8 @@ def run(args: argparse.Namespace) -> int:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
     # After the models: the 1 GiB buffer must not count in the peak RSS printed above.
     bandwidth.append(measure_bandwidth_gbs())
-    if "llamacpp" in arms_wanted:
-        gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
-        results += run_llamacpp(
+    if gguf is not None:  # no gguf arms to alternate with: llama.cpp's rounds on their own
+        llama = run_llamacpp(
             args.llama_python,
             gguf,
             prompts,
@@ -152,7 +179,11 @@ def run(args: argparse.Namespace) -> int:
             threads,
             loglik_ids=held_out_ids,
             loglik=loglik,
+            rounds=args.rounds,
         )
+        for arm in llama:
+            arm.group = "llama.cpp"
+        results += llama
         bandwidth.append(measure_bandwidth_gbs())
     if "vllm" in arms_wanted:
         results += run_vllm(

@@ -43,9 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--rounds",
         type=_positive_int,
         default=1,
-        help="decode every prompt this many times with each specserve arm, the arms of one "
-        "prompt back to back, and keep each arm's median run: ratios that do not follow a "
-        "host's drifting speed",
+        help="decode every prompt this many times with each specserve and llama.cpp arm, the "
+        "arms of one prompt back to back (llama.cpp's beside gguf's, which read the same "
+        "file), and keep each arm's median run: ratios that do not follow a host's drifting "
+        "speed",
     )
     p.add_argument(
         "--arms",

@@ -85,23 +85,31 @@ def _plain_row(results: list[ArmResult], engine: str) -> ArmResult | None:
 def print_paired_ratios(
     results: list[ArmResult], names: list[str], plain_by_fmt: dict[str, ArmResult]
 ) -> None:
-    """With ``--rounds`` > 1: each in-process arm against the plain arm of its format, as the
-    median over the rounds of the ratio within a round (the arms of a prompt run back to
-    back), which a host's drifting speed moves less than the ratio of medians in the table."""
-    rows = []
-    for r in results:
-        ref = _reference_for(r, plain_by_fmt)
-        if r.error or ref is None or ref is r or not r.round_tok_per_s:
+    """With ``--rounds`` > 1: each arm against the specserve plain arm it alternated with (its
+    group's), and, where llama.cpp's arms alternated with ours, each arm of that group against
+    llama.cpp plain too: the median over the rounds of the ratio within a round (the arms of
+    a prompt run back to back), which a host's drifting speed moves less than the ratio of
+    medians in the table."""
+    llama = _plain_row(results, "llama.cpp")
+    references = [("plain of its format", lambda r: plain_by_fmt.get(r.group))]
+    if llama is not None and llama.round_tok_per_s:
+        references.append(("llama.cpp plain", lambda r: llama if r.group == llama.group else None))
+    for label, reference in references:
+        rows = []
+        for r in results:
+            ref = reference(r)
+            if r.error or ref is None or ref is r or not r.round_tok_per_s:
+                continue
+            cells = [paired_ratio(r, ref, i) for i in range(len(names))]
+            row = " | ".join(f"{c:.2f}" if c else "-" for c in cells)
+            rows.append(f"| {r.name} | {row} |")
+        if not rows:
             continue
-        cells = [paired_ratio(r, ref, i) for i in range(len(names))]
-        rows.append(f"| {r.name} | " + " | ".join(f"{c:.2f}" if c else "-" for c in cells) + " |")
-    if not rows:
-        return
-    rounds = len(next(r for r in results if r.round_tok_per_s).round_tok_per_s[0])
-    print()
-    print(f"× plain of its format, median of the {rounds} rounds' ratios (arms back to back):")
-    print("| arm | " + " | ".join(names) + " |")
-    print("\n".join(rows))
+        rounds = len(next(r for r in results if r.round_tok_per_s).round_tok_per_s[0])
+        print()
+        print(f"× {label}, median of the {rounds} rounds' ratios (arms back to back):")
+        print("| arm | " + " | ".join(names) + " |")
+        print("\n".join(rows))
 
 
 def print_table(
