@@ -44,6 +44,7 @@ from specserve.perf.report import (
     quality_vs,
 )
 from specserve.perf.worker_arms import (
+    count_bytes,
     llamacpp_arms,
     llamacpp_loglik,
     llamacpp_names,
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     eos: tuple[int, ...] = ()
     loglik: dict[str, float] = {}
     held_out_ids: list[int] = []
-    gguf = None
+    gguf = llama_file = None
     if "llamacpp" in arms_wanted:
         gguf = fetch(CATALOG[args.target]) if args.target in CATALOG else Path(args.target)
     for i, fmt in enumerate(formats):
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             if not isinstance(worker, str):
                 llamacpp_loglik(worker, held_out_ids, loglik)
                 worker.close()
-            gguf = None  # measured
+            llama_file, gguf = gguf, None  # measured
         for arm in measured:
             arm.group = fmt
         plain_by_fmt[fmt] = measured[0]
@@ -165,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
             results += _transformers_arms(hf_pair, prompts, args.max_tokens, eos)
             del hf_pair, hf_draft
         del target, draft, tm, dm, in_process  # the arms hold the models
+    if llama_file is not None:  # alternated with gguf's arms
+        count_bytes(results, llama_file)
     if "transformers" in arms_wanted and "bf16" not in formats:
         results.append(ArmResult("transformers", error="needs bf16 in --weights"))
     # After the models: the 1 GiB buffer must not count in the peak RSS printed above.

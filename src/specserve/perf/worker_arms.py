@@ -187,7 +187,9 @@ def llamacpp_arms(
     worker: WorkerProcess, gguf: Path, max_tokens: int, eos: tuple[int, ...]
 ) -> list[InProcessArm]:
     """llama.cpp plain and prompt-lookup arms that ``run_interleaved`` can alternate with
-    ours; the plain arm counts the file's bytes per token."""
+    ours (the plain row's bytes per token are counted after the rounds, ``count_bytes``:
+    reading the file's header takes half a GiB for a while, which must not count in the
+    peak RSS ``perf`` prints after decoding)."""
 
     def arm(mode: str, name: str) -> InProcessArm:
         def run(i: int, ids: list[int]) -> GenerationResult:
@@ -198,9 +200,16 @@ def llamacpp_arms(
             finish = "stop" if out and out[-1] in eos else "length"
             return GenerationResult(out, finish, len(ids), rec["prefill_s"], rec["decode_s"])
 
-        return InProcessArm(name, run, gguf_decode_bytes(gguf) if mode == "plain" else None)
+        return InProcessArm(name, run)
 
     return [arm(m, n) for m, n in zip(LLAMA_MODES, llamacpp_names(gguf), strict=True)]
+
+
+def count_bytes(rows: list[ArmResult], gguf: Path) -> None:
+    """Set the bytes per token of the measured llama.cpp plain row among ``rows``."""
+    for row in rows:
+        if row.name == llamacpp_names(gguf)[0] and not row.error:
+            row.bytes_per_token = gguf_decode_bytes(gguf)
 
 
 def llamacpp_loglik(worker: WorkerProcess, ids: list[int], loglik: dict[str, float]) -> None:
@@ -234,6 +243,7 @@ def run_llamacpp(
         arms = run_interleaved(llamacpp_arms(worker, gguf, max_tokens, eos), prompts, rounds)
         if loglik_ids and loglik is not None:
             llamacpp_loglik(worker, loglik_ids, loglik)
+        count_bytes(arms, gguf)
         return arms
     finally:
         worker.close()

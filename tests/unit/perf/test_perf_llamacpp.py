@@ -15,6 +15,7 @@ from specserve.perf.arms import ArmFailed, ArmResult
 from specserve.perf.report import print_paired_ratios
 from specserve.perf.worker_arms import (
     WorkerProcess,
+    count_bytes,
     llamacpp_arms,
     llamacpp_loglik,
     start_llamacpp,
@@ -78,8 +79,19 @@ def fake_llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _gguf(tmp_path: Path) -> Path:
+    """A small real GGUF file (the fake library does not read it; ``count_bytes`` does)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
     path = tmp_path / "model-q4_k_m.gguf"
-    path.write_bytes(b"GGUF")
+    if not path.exists():
+        w = GGUFWriter(str(path), "llama")
+        w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+        w.add_tensor("output.weight", np.zeros((64, 32), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
     return path
 
 
@@ -108,6 +120,9 @@ def test_llama_cpp_arms_alternate_with_ours_in_one_worker(tmp_path: Path, fake_l
     ]
     assert out[1].token_ids == [[8, 9, 10], [21, 22, 23]] == out[2].token_ids
     assert all(len(r) == 2 for a in out for r in a.round_tok_per_s)
+    assert all(a.bytes_per_token is None for a in out)  # counted after the rounds:
+    count_bytes(out, _gguf(tmp_path))
+    assert [a.bytes_per_token for a in out] == [None, 64 * 32 * 4, None]  # the head only
     loglik: dict[str, float] = {}
     llamacpp_loglik(worker, [0, 1, 1], loglik)
     assert loglik["llama.cpp"] == pytest.approx(-0.6931471805599453)  # two equal logits
