@@ -252,3 +252,16 @@ def test_draft_model_runs_each_prompt_in_the_step_that_completes_it() -> None:
     for rid, prompt in prompts.items():
         ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
         assert tokens_of(outs[rid]) == ref.token_ids, rid
+
+
+def test_an_adaptive_hybrid_engine_weighs_its_measured_costs() -> None:
+    """The engine links the k controller to the hybrid's draft-cost share and reports each
+    decode step's verify time to it, which the hybrid's choice then weighs; output stays
+    plain decoding's."""
+    target = make_tiny_model("qwen3", vocab_size=VOCAB)
+    engine = make_engine(target, "hybrid", None, make_tiny_model("qwen3", seed=1, vocab_size=VOCAB))
+    hybrid = engine.proposer
+    assert engine.k_controller is not None
+    assert engine.k_controller.draft_cost_scale == getattr(hybrid, "draft_cost_scale", None)
+    assert_equals_plain(engine, target)
+    assert getattr(hybrid, "verify_s", None) is not None and hybrid.verify_s > 0  # type: ignore[union-attr]

@@ -89,6 +89,7 @@ def build_spec(
         head_name=head_name,
         confidence_threshold=spec.draft_confidence_threshold,
     )
+    controller.link_proposer(proposer)
     return proposer, controller
 
 

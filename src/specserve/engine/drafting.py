@@ -10,7 +10,13 @@ from specserve.engine.outputs import StepStats
 from specserve.engine.request import Request
 from specserve.engine.scheduler import ScheduledRequest
 from specserve.spec_decode.k_controller import KController
-from specserve.spec_decode.proposer import Proposal, ProposeInput, Proposer, draft_cost_sample
+from specserve.spec_decode.proposer import (
+    Proposal,
+    ProposeInput,
+    Proposer,
+    draft_cost_sample,
+    report_verify_time,
+)
 
 
 def propose(
@@ -81,10 +87,14 @@ def record_cost(
     proposals: list[Proposal],
     stats: StepStats,
 ) -> None:
-    """Feed the k controller the measured costs of a pure decode/verify step (a step with a
+    """Feed the k controller (and a proposer that weighs costs, ``report_verify_time``) the
+    measured costs of a pure decode/verify step (a step with a
     prefill chunk says nothing about decode cost, so it is not recorded; nor does the draft
     time of a propose call that caught up a lane left behind by k = 0 steps)."""
-    if controller is None or any(sr.num_new_tokens != 1 for sr in scheduled):
+    if any(sr.num_new_tokens != 1 for sr in scheduled):
+        return
+    report_verify_time(proposer, stats.verify_s)
+    if controller is None:
         return
     num_draft_steps = max(len(p) for p in proposals)
     draft_s, draft_steps = draft_cost_sample(proposer, stats.draft_s, num_draft_steps)

@@ -88,6 +88,7 @@ rarely accepted (``test_rejected_drafts_fall_back_to_plain_when_multi_token_step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specserve.spec_decode import verify_costs
@@ -123,6 +124,13 @@ class KController:
         confidence_stop: the proposer ends each draft after its first unsure token (a draft
             model's confidence stop): expected tokens and draft lengths follow the
             confident/unsure model of the module docstring.
+
+    Attributes:
+        draft_cost_scale: per request, the share of the measured draft cost its next draft
+            is expected to pay (None: all of it); a hybrid proposer's ``draft_cost_scale``,
+            linked by the loop that runs both (``link_proposer``): its suffix drafts cost
+            nothing, and costed as the draft model's they kept k at 2-3 on a structured
+            prompt where the suffix's drafts were accepted whole.
     """
 
     def __init__(
@@ -170,6 +178,11 @@ class KController:
             lambda batch: self.verify_cost(1, batch), max_probe_backoff, probe_interval
         )
         self.costs = verify_costs.MeasuredCosts(ema, draft_cost_prior)
+        self.draft_cost_scale: Callable[[str], float] | None = None
+
+    def link_proposer(self, proposer: object) -> None:
+        """Take ``proposer``'s ``draft_cost_scale`` where it has one."""
+        self.draft_cost_scale = getattr(proposer, "draft_cost_scale", None)
 
     # ---- observations ---------------------------------------------------------------------
 
@@ -319,7 +332,8 @@ class KController:
         lengths = self.draft_length_distribution(request_id, k)
         mean_drafts = sum(p * (d + 1) for d, p in enumerate(lengths))
         verify = sum(p * self.verify_cost(d + 2, batch_size) for d, p in enumerate(lengths))
-        return self.draft_cost(1, batch_size) * mean_drafts + verify
+        scale = 1.0 if self.draft_cost_scale is None else self.draft_cost_scale(request_id)
+        return self.draft_cost(1, batch_size) * mean_drafts * scale + verify
 
     def rate(self, request_id: str, k: int, batch_size: int = 1) -> float:
         """Expected tokens per second asking for k drafts."""

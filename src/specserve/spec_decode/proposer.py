@@ -104,6 +104,14 @@ def draft_cost_sample(proposer: object, draft_s: float, num_draft_steps: int) ->
     return draft_s, num_draft_steps
 
 
+def report_verify_time(proposer: object, verify_s: float) -> None:
+    """Tell a proposer that weighs costs (``record_verify``: the hybrid) how long a decode
+    step's verify took; others ignore it. Called by the loops after every pure decode step."""
+    record = getattr(proposer, "record_verify", None)
+    if record is not None:
+        record(verify_s)
+
+
 class Proposer(Protocol):
     """Drafts tokens for a batch of requests.
 

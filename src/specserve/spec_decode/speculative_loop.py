@@ -29,6 +29,7 @@ from specserve.spec_decode.proposer import (
     ProposeInput,
     Proposer,
     draft_cost_sample,
+    report_verify_time,
 )
 from specserve.spec_decode.rejection_sampler import rejection_sample
 from specserve.spec_decode.stats import SpecDecodingStats
@@ -118,6 +119,8 @@ def generate_speculative(
     saved_capture = target.capture_layers
     if isinstance(proposer, HiddenStateProposer) and wants_hidden:
         target.capture_layers = tuple(proposer.target_hidden_layers)
+    if isinstance(k, KController):
+        k.link_proposer(proposer)  # a hybrid's suffix drafts cost no draft forward
     t0 = time.perf_counter()
     hidden = cache.forward(prompt_ids)  # [P, hidden]
     pending = (0, cache.last_captured)  # (first position, rows) not yet shown to the proposer
@@ -156,6 +159,7 @@ def generate_speculative(
             result.draft_s += step.draft_s
             result.verify_s += step.verify_s
             result.stats.observe(step.num_draft_tokens, len(new_tokens) - 1)
+            report_verify_time(proposer, step.verify_s)
             if isinstance(k, KController):
                 k.observe(request_id, step.num_draft_tokens, len(new_tokens) - 1, num_asked=num_k)
                 # A propose call that caught up the tokens of earlier k = 0 steps teaches

@@ -158,3 +158,89 @@ def test_suffix_drafts_teach_the_controller_nothing_about_the_models_cost() -> N
     assert hybrid.num_model_drafts == 1 and hybrid.last_num_forwards == 4
     assert draft_cost_sample(hybrid, 0.04, 4) == (0.04, 4)
     assert draft_cost_sample(NgramProposer(2, 4), 1e-5, 3) == (1e-5, 3)
+
+
+def test_the_prompt_pass_runs_ahead_of_the_first_draft() -> None:
+    """``prefill`` hands the prompt to the draft model (as the draft-model method does), so
+    the first draft-model call of a request catches up one token, not the whole prompt."""
+    hybrid = _hybrid()
+    prompt = [7, 19, 3, 11, 23, 5, 17]
+    hybrid.prefill("n", prompt)
+    hybrid.propose([_inp("n", [*prompt, 2])])
+    assert hybrid.num_model_drafts == 1 and hybrid.last_catch_up_tokens == 1
+    cold = _hybrid()
+    cold.propose([_inp("n", [*prompt, 2])])
+    assert cold.last_catch_up_tokens == len(prompt) + 1
+
+
+def test_once_costs_are_known_the_choice_weighs_tokens_per_second() -> None:
+    """A 4-token suffix draft against a k = 8 model draft expected to be accepted whole: by
+    rates alone the model serves; with a draft-model call costing twice a verify, the free
+    suffix draft gives more tokens per second (5 / 1 verify against 9 / 3); with a nearly
+    free draft model, the model again (9 / 1.03 verifies)."""
+    model = make_tiny_model("llama", seed=5, vocab_size=VOCAB)
+    hybrid = HybridProposer(_FixedSuffix([3, 4, 5, 6]), DraftModelProposer(model, VOCAB))
+    tokens = [7, 19, 3, 11]
+    hybrid.propose([_inp("a", tokens, k=8)])
+    assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (0, 1)  # no costs yet
+    assert hybrid.model_call_s is not None and hybrid.model_call_s > 0  # timed by itself
+    hybrid.record_verify(0.0)  # not a time: ignored
+    assert hybrid.verify_s is None
+    hybrid.record_verify(0.030)
+    hybrid.model_call_s = 0.060
+    hybrid.release("a")
+    hybrid.propose([_inp("a", tokens, k=8)])
+    assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (1, 1)
+    hybrid.model_call_s = 0.001
+    hybrid.release("a")
+    hybrid.propose([_inp("a", tokens, k=8)])
+    assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (1, 2)
+    with pytest.raises(ValueError, match="cost_decay"):
+        HybridProposer(SuffixProposer(), hybrid.draft, cost_decay=1.0)
+
+
+def test_the_model_yield_per_draft_is_measured_once_scored() -> None:
+    hybrid = _hybrid()
+    hybrid.propose([_inp("n", [7, 19, 3, 11], k=4)])  # the model serves (no suffix match)
+    state = hybrid._requests["n"]
+    assert state.model.accepted_per_draft(4) == expected_accepted(1.0, 4)  # the prior's
+    (drafted,) = [state.pending.model] if state.pending else [None]
+    assert drafted is not None and len(drafted) == 4
+    hybrid.propose([_inp("n", [7, 19, 3, 11, drafted[0], (drafted[1] + 1) % VOCAB], k=4)])
+    assert state.model.accepted_per_draft(4) == pytest.approx(1.0)  # one draft, one accepted
+
+
+def test_the_controller_costs_only_the_drafts_the_model_makes() -> None:
+    """The k controller scales the draft model's cost by the share of a request's steps the
+    model served (suffix drafts cost no forward); a proposer without the share changes
+    nothing."""
+    from specserve.spec_decode.k_controller import KController
+
+    hybrid = HybridProposer(_FixedSuffix([1, 2, 3, 4]), _hybrid().draft)
+    controller = KController(8)
+    controller.record_cost(0.0, 0, 0.030, 1)
+    controller.record_cost(0.040, 4, 0.036, 5)
+    full = controller.step_cost("r", 4)
+    controller.link_proposer(hybrid)
+    assert controller.step_cost("r", 4) == full  # an unseen request: the model's cost
+    for _ in range(20):
+        hybrid.propose([_inp("r", [1, 2, 3, 4, 5] * 3, k=4)])
+    assert hybrid.num_model_drafts == 0 and hybrid.draft_cost_scale("r") < 0.02
+    assert controller.step_cost("r", 4) < full - 0.035  # the 4 draft forwards nearly gone
+    controller.link_proposer(object())
+    assert controller.draft_cost_scale is None and controller.step_cost("r", 4) == full
+
+
+def test_the_loop_reports_verify_times_and_links_the_controller() -> None:
+    from specserve.sampling_params import SamplingParams
+    from specserve.spec_decode.k_controller import KController
+    from specserve.spec_decode.speculative_loop import generate_speculative
+
+    target = make_tiny_model("llama", seed=2, vocab_size=VOCAB)
+    hybrid = _hybrid()
+    controller = KController(4)
+    generate_speculative(
+        target, hybrid, [1, 2, 3, 1, 2], SamplingParams(max_tokens=12), (), controller
+    )
+    assert hybrid.verify_s is not None and hybrid.verify_s > 0
+    assert controller.draft_cost_scale == hybrid.draft_cost_scale
