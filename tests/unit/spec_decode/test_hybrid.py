@@ -15,9 +15,11 @@ from tests.conftest import make_tiny_model
 VOCAB = 29
 
 
-def _hybrid() -> HybridProposer:
+def _hybrid(suffix_prior: float = 1.0) -> HybridProposer:
+    """A hybrid over a tiny draft model; by default its suffix starts trusted (the
+    mechanisms tested below), the proposer's default is half (tested on its own)."""
     draft = DraftModelProposer(make_tiny_model("llama", seed=5, vocab_size=VOCAB), VOCAB)
-    return HybridProposer(SuffixProposer(), draft)
+    return HybridProposer(SuffixProposer(), draft, suffix_prior=suffix_prior)
 
 
 def _inp(rid: str, tokens: list[int], k: int = 4) -> ProposeInput:
@@ -128,7 +130,7 @@ def test_a_suffix_draft_shorter_than_the_models_expected_yield_falls_back() -> N
     yield under two tokens) the short suffix draft serves again."""
     model = make_tiny_model("llama", seed=5, vocab_size=VOCAB)
     suffix = _FixedSuffix([3, 4])
-    hybrid = HybridProposer(suffix, DraftModelProposer(model, VOCAB))
+    hybrid = HybridProposer(suffix, DraftModelProposer(model, VOCAB), suffix_prior=1.0)
     tokens = [7, 19, 3, 11]
     hybrid.propose([_inp("a", tokens)])
     assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (0, 1)
@@ -179,7 +181,9 @@ def test_once_costs_are_known_the_choice_weighs_tokens_per_second() -> None:
     suffix draft gives more tokens per second (5 / 1 verify against 9 / 3); with a nearly
     free draft model, the model again (9 / 1.03 verifies)."""
     model = make_tiny_model("llama", seed=5, vocab_size=VOCAB)
-    hybrid = HybridProposer(_FixedSuffix([3, 4, 5, 6]), DraftModelProposer(model, VOCAB))
+    hybrid = HybridProposer(
+        _FixedSuffix([3, 4, 5, 6]), DraftModelProposer(model, VOCAB), suffix_prior=1.0
+    )
     tokens = [7, 19, 3, 11]
     hybrid.propose([_inp("a", tokens, k=8)])
     assert (hybrid.num_suffix_drafts, hybrid.num_model_drafts) == (0, 1)  # no costs yet
@@ -216,7 +220,7 @@ def test_the_controller_costs_only_the_drafts_the_model_makes() -> None:
     nothing."""
     from specserve.spec_decode.k_controller import KController
 
-    hybrid = HybridProposer(_FixedSuffix([1, 2, 3, 4]), _hybrid().draft)
+    hybrid = HybridProposer(_FixedSuffix([1, 2, 3, 4]), _hybrid().draft, suffix_prior=1.0)
     controller = KController(8)
     controller.record_cost(0.0, 0, 0.030, 1)
     controller.record_cost(0.040, 4, 0.036, 5)
@@ -244,3 +248,21 @@ def test_the_loop_reports_verify_times_and_links_the_controller() -> None:
     )
     assert hybrid.verify_s is not None and hybrid.verify_s > 0
     assert controller.draft_cost_scale == hybrid.draft_cost_scale
+
+
+def test_a_fresh_requests_suffix_serves_once_its_shadow_drafts_are_accepted() -> None:
+    """By default a request's suffix starts at half the model's rate: a trie match on its
+    first step goes to the model; once the suffix's own drafts, scored against what the
+    target committed, have been accepted, the suffix serves."""
+    hybrid = HybridProposer(SuffixProposer(), _hybrid().draft)  # the defaults
+    assert hybrid.suffix_prior == 0.5
+    tokens = [1, 2, 3, 4, 5] * 3
+    sources = []
+    for _ in range(4):
+        before = hybrid.num_suffix_drafts
+        hybrid.propose([_inp("r", tokens)])
+        sources.append("suffix" if hybrid.num_suffix_drafts > before else "model")
+        tokens += [1, 2, 3, 4, 5]  # the repetition goes on: the trie's drafts are right
+    assert sources[0] == "model" and sources[-1] == "suffix"
+    with pytest.raises(ValueError, match="suffix_prior"):
+        HybridProposer(SuffixProposer(), hybrid.draft, suffix_prior=0.0)
