@@ -99,6 +99,18 @@ def test_defaults_example_serves_as_specserve_serve_does_by_default() -> None:
     assert b.suites == ("structured", "open-ended") and b.concurrency == (1,)
 
 
+def test_hybrid_example_differs_from_the_defaults_example_only_in_its_method() -> None:
+    defaults = load_config(EXAMPLES / "defaults-server-ab.yaml")
+    hybrid = load_config(EXAMPLES / "hybrid-server-ab.yaml")
+    assert defaults.servers is not None and hybrid.servers is not None
+    spec = hybrid.servers.serve_args(speculative=True)
+    assert spec[spec.index("--spec-method") + 1] == "hybrid"
+    assert spec[spec.index("--draft-model") + 1] == "qwen2.5-coder-0.5b-instruct"
+    same = defaults.servers.model_dump() | {"method": "hybrid"}
+    assert hybrid.servers.model_dump() == same
+    assert hybrid.benchmark == defaults.benchmark and hybrid.quality is None
+
+
 def _two_server_example(name: str) -> tuple[Any, str]:
     """An endpoints-mode example's config, checked to run the main job's benchmark settings,
     and its header comment as one line (continuations joined)."""
