@@ -115,8 +115,8 @@ class HybridProposer:
         prior_weight: pseudo-observations behind each source's starting rate.
         suffix_prior: the suffix's starting rate (the model's is 1). Optimistic (1), one- and
             two-token trie matches on prose took steps from the draft model at the start of
-            a request and were rejected: the hybrid ran 5-8 % below the draft-model method
-            on an open-ended prompt.
+            a request and were rejected: the hybrid ran 4 % below the draft-model method on
+            an open-ended prompt (docs/benchmarks.md).
         cost_decay: weight of the past in the running means of the verify and draft-call
             times (each new time weighs ``1 - cost_decay``).
     """
@@ -175,9 +175,8 @@ class HybridProposer:
             from_suffix = 1 + expected_accepted(st.suffix.rate, len(suffix))
             from_model = 1 + st.model.accepted_per_draft(k)
             return from_suffix * (self.verify_s + self.model_call_s) < from_model * self.verify_s
-        return st.suffix.rate + self.suffix_margin < st.model.rate or len(
-            suffix
-        ) < expected_accepted(st.model.rate, k)
+        less_reliable = st.suffix.rate + self.suffix_margin < st.model.rate
+        return less_reliable or len(suffix) < expected_accepted(st.model.rate, k)
 
     def _state(self, inp: ProposeInput) -> _RequestState:
         state = self._requests.get(inp.request_id)
