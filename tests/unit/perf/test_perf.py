@@ -142,57 +142,6 @@ def test_engine_batching_is_its_own_module() -> None:
     assert e.value.code == 0
 
 
-_FAKE_LLAMA_CPP = '''
-import numpy as np
-
-VOCAB = 7
-
-
-class Llama:
-    """Logits row t = t-th of a fixed random table; generates 3, 4, 5, ..."""
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        self.scores = np.random.default_rng(0).normal(size=(64, VOCAB)).astype(np.float32)
-
-    def eval(self, ids):
-        self.evaluated = list(ids)
-
-    def reset(self):
-        pass
-
-    def generate(self, prompt, **kwargs):
-        token = 3
-        while True:
-            yield token
-            token += 1
-'''
-
-
-def test_llamacpp_worker_reports_the_log_likelihood_of_its_logits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    package = tmp_path / "fake" / "llama_cpp"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(_FAKE_LLAMA_CPP)
-    (package / "llama_speculative.py").write_text(
-        "class LlamaPromptLookupDecoding:\n    def __init__(self, **kw):\n        pass\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
-    gguf = tmp_path / "model-q4_k_m.gguf"
-    gguf.write_bytes(b"GGUF")
-    ids = [0, 2, 6, 1, 1, 5]
-    loglik: dict[str, float] = {}
-    got = run_llamacpp(sys.executable, gguf, [[1, 2]], 3, (99,), 1, loglik_ids=ids, loglik=loglik)
-    assert [a.token_ids for a in got] == [[[3, 4, 5]], [[3, 4, 5]]]
-    table = torch.from_numpy(
-        __import__("numpy").random.default_rng(0).normal(size=(64, 7)).astype("float32")
-    ).double()
-    logp = torch.log_softmax(table[: len(ids) - 1], dim=-1)
-    expected = float(logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean())
-    assert loglik["llama.cpp"] == pytest.approx(expected, rel=1e-9)
-
-
 def _result(tokens: list[int], decode_s: float) -> GenerationResult:
     return GenerationResult(tokens, "length", 3, prefill_s=0.01, decode_s=decode_s)
 

@@ -1,7 +1,8 @@
 """The llama.cpp worker of ``specserve perf`` kept alive for the run: its arms alternate with
 ours round by round, one ``Llama`` per mode, and a worker that dies or hangs becomes a row
-that says why while the other arms go on. A fake ``llama_cpp`` package stands in for the
-library (the project's environment does not install it)."""
+that says why while the other arms go on; its log-likelihood comes from llama.cpp's logits.
+Fake ``llama_cpp`` packages stand in for the library (the project's environment does not
+install it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specserve.perf import arms
 from specserve.perf.arms import ArmFailed, ArmResult
@@ -18,6 +20,7 @@ from specserve.perf.worker_arms import (
     count_bytes,
     llamacpp_arms,
     llamacpp_loglik,
+    run_llamacpp,
     start_llamacpp,
 )
 from specserve.spec_decode.plain_loop import GenerationResult
@@ -63,16 +66,21 @@ class Llama:
 '''
 
 
-@pytest.fixture
-def fake_llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake package on the worker's path; returns its log file."""
+def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    """A fake ``llama_cpp`` package of ``source`` on the worker's path."""
     package = tmp_path / "fake" / "llama_cpp"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text(_FAKE)
+    (package / "__init__.py").write_text(source)
     (package / "llama_speculative.py").write_text(
         "class LlamaPromptLookupDecoding:\n    def __init__(self, **kw):\n        pass\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+
+
+@pytest.fixture
+def fake_llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The logging fake on the worker's path; returns its log file."""
+    _install(tmp_path, monkeypatch, _FAKE)
     log = tmp_path / "calls.log"
     monkeypatch.setenv("FAKE_LLAMA_LOG", str(log))
     return log
@@ -204,3 +212,48 @@ def test_paired_ratios_against_llama_cpp_only_within_its_group(
     assert "bf16" not in against_llama  # it ran at other times: no pairing
     # llama.cpp against our plain in the table of its group: 30/30, 30/33, 30/36 -> 0.91
     assert "| llama.cpp q4_k_m plain | 0.91 |" in out.split("× llama.cpp plain")[0]
+
+
+_FAKE_LLAMA_CPP = '''
+import numpy as np
+
+VOCAB = 7
+
+
+class Llama:
+    """Logits row t = t-th of a fixed random table; generates 3, 4, 5, ..."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.scores = np.random.default_rng(0).normal(size=(64, VOCAB)).astype(np.float32)
+
+    def eval(self, ids):
+        self.evaluated = list(ids)
+
+    def reset(self):
+        pass
+
+    def generate(self, prompt, **kwargs):
+        token = 3
+        while True:
+            yield token
+            token += 1
+'''
+
+
+def test_llamacpp_worker_reports_the_log_likelihood_of_its_logits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _install(tmp_path, monkeypatch, _FAKE_LLAMA_CPP)
+    gguf = tmp_path / "model-q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    ids = [0, 2, 6, 1, 1, 5]
+    loglik: dict[str, float] = {}
+    got = run_llamacpp(sys.executable, gguf, [[1, 2]], 3, (99,), 1, loglik_ids=ids, loglik=loglik)
+    assert [a.token_ids for a in got] == [[[3, 4, 5]], [[3, 4, 5]]]
+    table = torch.from_numpy(
+        __import__("numpy").random.default_rng(0).normal(size=(64, 7)).astype("float32")
+    ).double()
+    logp = torch.log_softmax(table[: len(ids) - 1], dim=-1)
+    expected = float(logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean())
+    assert loglik["llama.cpp"] == pytest.approx(expected, rel=1e-9)
