@@ -24,6 +24,7 @@ from specserve.bench.suites import UnknownSuiteError, get_prompts
 from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD, WeightFormat
 from specserve.models.decoder import DecoderLM
 from specserve.perf.arms import (
+    ArmFailed,
     ArmResult,
     InProcessArm,
     fused_arm,
@@ -135,19 +136,22 @@ def run(args: argparse.Namespace) -> int:
         # right after ours (a worker process kept alive for the rounds)
         worker = None
         if gguf is not None and fmt == "gguf":
-            worker = start_llamacpp(args.llama_python, gguf, threads)
-            if isinstance(worker, str):
-                results += [ArmResult(n, error=worker) for n in llamacpp_names(gguf)]
+            llama_file, gguf = gguf, None  # measured here, not on its own after the formats
+            try:
+                worker = start_llamacpp(args.llama_python, llama_file, threads)
+            except ArmFailed as e:
+                results += [ArmResult(n, error=str(e)) for n in llamacpp_names(llama_file)]
             else:
-                plain, lookup = llamacpp_arms(worker, gguf, args.max_tokens, eos)
+                plain, lookup = llamacpp_arms(worker, llama_file, args.max_tokens, eos)
                 in_process[1:1] = [plain]
                 in_process.append(lookup)
-        measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
-        if worker is not None:
-            if not isinstance(worker, str):
+        try:
+            measured = run_interleaved(in_process, prompts, args.rounds, on_run=_print_run)
+            if worker is not None:
                 llamacpp_loglik(worker, held_out_ids, loglik)
+        finally:
+            if worker is not None:
                 worker.close()
-            llama_file, gguf = gguf, None  # measured
         for arm in measured:
             arm.group = fmt
         plain_by_fmt[fmt] = measured[0]

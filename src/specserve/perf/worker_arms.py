@@ -105,6 +105,7 @@ class WorkerProcess:
             )
         except OSError as e:
             self.proc = None
+            self._stderr.close()
             raise ArmFailed(f"{python}: {e}") from e
         self._read()  # {"ready": true}
 
@@ -174,13 +175,14 @@ def llamacpp_names(gguf: Path) -> list[str]:
 
 def start_llamacpp(
     python: str, gguf: Path, threads: int, num_pred_tokens: int = 10
-) -> WorkerProcess | str:
-    """A llama.cpp worker of ``python`` for ``gguf``, or why it cannot run."""
+) -> WorkerProcess:
+    """A llama.cpp worker of ``python`` for ``gguf``.
+
+    Raises:
+        ArmFailed: it cannot run (no ``llama_cpp`` there, the interpreter missing, ...).
+    """
     args = {"gguf": str(gguf), "threads": threads, "num_pred_tokens": num_pred_tokens}
-    try:
-        return WorkerProcess(python, "llamacpp_worker.py", args, "llama.cpp worker")
-    except ArmFailed as e:
-        return str(e)
+    return WorkerProcess(python, "llamacpp_worker.py", args, "llama.cpp worker")
 
 
 def llamacpp_arms(
@@ -207,8 +209,9 @@ def llamacpp_arms(
 
 def count_bytes(rows: list[ArmResult], gguf: Path) -> None:
     """Set the bytes per token of the measured llama.cpp plain row among ``rows``."""
+    plain = llamacpp_names(gguf)[0]
     for row in rows:
-        if row.name == llamacpp_names(gguf)[0] and not row.error:
+        if row.name == plain and not row.error:
             row.bytes_per_token = gguf_decode_bytes(gguf)
 
 
@@ -236,9 +239,10 @@ def run_llamacpp(
     """llama.cpp plain and prompt-lookup arms on their own (``rounds`` alternated rounds),
     for a run where no specserve arm reads the same file; with ``loglik_ids``, also the mean
     log-likelihood of those tokens, stored in ``loglik["llama.cpp"]``."""
-    worker = start_llamacpp(python, gguf, threads, num_pred_tokens)
-    if isinstance(worker, str):
-        return [ArmResult(n, error=worker) for n in llamacpp_names(gguf)]
+    try:
+        worker = start_llamacpp(python, gguf, threads, num_pred_tokens)
+    except ArmFailed as e:
+        return [ArmResult(n, error=str(e)) for n in llamacpp_names(gguf)]
     try:
         arms = run_interleaved(llamacpp_arms(worker, gguf, max_tokens, eos), prompts, rounds)
         if loglik_ids and loglik is not None:
