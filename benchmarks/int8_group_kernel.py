@@ -23,8 +23,9 @@ or apart in their own tensor: the same codes and constants), medians of ``--roun
 settings give identical logits. ``--switch amx`` alternates the int4 and six-bit matmuls on
 the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``, and ``--switch superblocks``
 the six-bit weights with superblock constants (as loaded where the CPU runs them) and with
-per-group fp16 constants; their sums round differently, so these print the largest logit
-difference instead.
+per-group fp16 constants, ``--switch int4-superblocks`` the same for the int4 weights (Q4_K's
+constants as stored, or per-group fp16 constants rounded from them); their sums round
+differently, so these print the largest logit difference instead.
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
@@ -37,6 +38,8 @@ difference instead.
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch superblocks --rounds 15
+    python benchmarks/int8_group_kernel.py --part step --switch int4-superblocks --rounds 80 \
+        --max-new 2
     python benchmarks/int8_group_kernel.py --part step --switch l2 --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
 
@@ -159,6 +162,7 @@ SWITCHES = {
     "layout": ("layout", "constants inline", "constants apart"),
     "codes": ("codes", "six-bit codes", "byte codes"),
     "superblocks": ("superblocks", "superblock constants", "per-group fp16 constants"),
+    "int4-superblocks": ("int4-superblocks", "Q4_K superblock constants", "per-group fp16"),
     "amx": ("SPECSERVE_QUANT_AMX", "AMX tiles", "AVX-512 BF16"),
     "l2": ("SPECSERVE_PREFETCH_L2", "prefetch into L2", "prefetch into L1"),
     "distance": (
@@ -199,6 +203,19 @@ def _per_group(p):  # type: ignore[no-untyped-def]  # an Int8Packed
     return int8_native.pack(weight, code_bits=6, superblocks=False)
 
 
+def _int4_per_group(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed
+    """An int4 weight with superblock constants again with per-group fp16 constants (other
+    weights as they are): the same codes and weights."""
+    from specserve.models.native import int4_native, int4_superblock
+    from specserve.models.quant.int4_weight import Int4Weight
+
+    if not getattr(p, "superblock_constants", False):
+        return p
+    codes, scale, minimum = int4_superblock.unpack(p.qweight, p.out_features)
+    nibbles = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return int4_native.pack(Int4Weight(nibbles.contiguous(), scale, minimum, 32))
+
+
 def _apart(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed
     """``p`` with its constants apart (byte codes): the same codes and constants."""
     return type(p)(
@@ -227,7 +244,16 @@ def _layout_setter(model: torch.nn.Module, switch: str) -> Callable[[str], None]
     superblocks = [getattr(m.native, "superblock_form", 0) for m in linears]
     if switch == "superblocks" and not any(superblocks):
         raise SystemExit("--switch superblocks: no projection has superblock constants")
-    repack = {"layout": _apart, "codes": _byte_codes, "superblocks": _per_group}[switch]
+    if switch == "int4-superblocks" and not any(
+        getattr(m.native, "superblock_constants", False) for m in linears
+    ):
+        raise SystemExit("--switch int4-superblocks: no int4 projection has superblock constants")
+    repack = {
+        "layout": _apart,
+        "codes": _byte_codes,
+        "superblocks": _per_group,
+        "int4-superblocks": _int4_per_group,
+    }[switch]
     packs: dict[str, list[object]] = {
         "1": [m.native for m in linears],
         "0": [repack(m.native) for m in linears],
@@ -259,7 +285,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
 
     env, on_label, off_label = SWITCHES[switch]
     model = load_in_format(model_name, "gguf", torch.bfloat16).model
-    packing = env in ("layout", "codes", "superblocks")
+    packing = env in ("layout", "codes", "superblocks", "int4-superblocks")
     put = _layout_setter(model, env) if packing else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
     new = [311, 42, 977, 5, 1234, 88, 2048, 17, 640]
@@ -308,7 +334,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
         + ", ".join(f"{t}: {ratio[t]:.2f}" for t in sizes)
         + (
             f"; identical logits: {'yes' if same else 'NO'}"
-            if env not in ("SPECSERVE_QUANT_AMX", "superblocks")
+            if env not in ("SPECSERVE_QUANT_AMX", "superblocks", "int4-superblocks")
             else f"; largest logit difference {apart:.3g}"
         )
         + f" ({rounds} rounds)"

@@ -59,6 +59,10 @@ __all__ = [
 
 TILE_ROWS = tile_stream.TILE_ROWS  # output rows per tile: one per fp32 lane of a zmm register
 BLOCK_K = 8  # input channels per 64-byte block of a tile
+# Superblock constants (int4_superblock.py): per tile and superblock of 256 inputs, header
+# blocks before the 32 code blocks, and the sub-group (the group_size) such a weight has.
+SUPER_HEADER_BLOCKS = 4
+_SUPERBLOCK, _SUPER_GROUP = 256, 32
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
 _INPUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -120,14 +124,61 @@ class Int4Packed(tile_stream.PackedTiles):
     # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
     quantised_x: bool = field(default=False, init=False)
 
+    def _layout_k(self) -> tuple[int, bool]:
+        """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the layout
+        with superblock constants (:mod:`~specserve.models.native.int4_superblock`:
+        ``# [Np / 16, K / 256, 36, 64] uint8``, group size 32, the constants inline)."""
+        q = self.qweight
+        if q.dim() != 4:
+            return super()._layout_k()
+        blocks = SUPER_HEADER_BLOCKS + _SUPERBLOCK // BLOCK_K
+        if q.dtype != torch.uint8 or q.shape[2:] != (blocks, 64):
+            raise ValueError(
+                f"int4 qweight with superblock constants must be uint8 [Np/16, K/256, {blocks}, "
+                f"64], got {q.dtype} {tuple(q.shape)}"
+            )
+        if self.group_size != _SUPER_GROUP:
+            raise ValueError(f"superblock constants need group_size 32, got {self.group_size}")
+        if self.scales.numel() or self.scales.dtype != torch.float16:
+            raise ValueError("superblock constants are inline: scales must be empty fp16")
+        return q.shape[1] * _SUPERBLOCK, True
 
-def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    @property
+    def superblock_constants(self) -> bool:
+        """Whether the constants are per superblock (int4_superblock.py), not per group."""
+        return self.qweight.dim() == 4
+
+    def code_blocks(self) -> torch.Tensor:
+        """As :meth:`PackedTiles.code_blocks` (superblock constants: a copy without them)."""
+        if not self.superblock_constants:
+            return super().code_blocks()
+        blocks = self.qweight[:, :, SUPER_HEADER_BLOCKS:]
+        return blocks.reshape(self.qweight.shape[0], -1, 64)
+
+    def constants(self) -> torch.Tensor:
+        """As :meth:`PackedTiles.constants`; superblock constants have no such form."""
+        if self.superblock_constants:
+            raise ValueError("superblock constants have no per-group fp16 form")
+        return super().constants()
+
+
+def pack_code_blocks(codes: torch.Tensor) -> torch.Tensor:
     """``codes # [n, K] uint8`` (``n`` a multiple of 16) -> ``# [n / 16, K / 8, 64] uint8``."""
     n, k = codes.shape
     # k = 8B + 4·nib + 2h + e and row = 4L + t  ->  byte (L, h, t, e) of block B, nibble nib.
     v = codes.view(n // TILE_ROWS, 4, 4, k // BLOCK_K, 2, 2, 2)  # [T, L, t, B, nib, h, e]
     v = v.permute(0, 3, 1, 5, 2, 6, 4)  # [T, B, L, h, t, e, nib]
     return (v[..., 0] | (v[..., 1] << 4)).reshape(n // TILE_ROWS, k // BLOCK_K, 64)
+
+
+def unpack_code_blocks(blocks: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_code_blocks`: ``# [T, K / 8, 64] uint8`` -> the codes
+    ``# [16 T, K] uint8``."""
+    tiles, nblocks = blocks.shape[:2]
+    v = blocks.view(tiles, nblocks, 4, 2, 4, 2)  # [T, B, L, h, t, e]
+    v = torch.stack([v & 0xF, v >> 4], dim=-1)  # [T, B, L, h, t, e, nib]
+    v = v.permute(0, 2, 4, 1, 6, 3, 5)  # [T, L, t, B, nib, h, e]
+    return v.reshape(tiles * TILE_ROWS, nblocks * BLOCK_K)
 
 
 def pack(weight: Int4Weight, *, inline_constants: bool = True) -> Int4Packed:
@@ -171,7 +222,7 @@ def pack(weight: Int4Weight, *, inline_constants: bool = True) -> Int4Packed:
         if not (torch.isfinite(s).all() and torch.isfinite(mn).all()):
             raise ValueError("int4 scales / minimums must be finite")
         t1 = t0 + (rows + pad) // TILE_ROWS
-        code_view[t0:t1] = _pack_codes(codes).view(t1 - t0, ngroups, bpg, 64)
+        code_view[t0:t1] = pack_code_blocks(codes).view(t1 - t0, ngroups, bpg, 64)
         mid = mn + 7.5 * s  # the group's midpoint
         const_view[t0:t1], row_scale[t0 * TILE_ROWS : t1 * TILE_ROWS] = tile_constants(s, mid)
     return Int4Packed(qweight, scales, row_scale, n, gs)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specserve.models.native import int4_native
+from specserve.models.native import int4_native, int4_superblock
 from specserve.models.native.int4_native import Int4Packed
 from specserve.models.quant.int4_weight import (
     ROW_CHUNK,
@@ -169,7 +169,8 @@ class Int4Linear(nn.Module):
         want_native = native if native is not None else dtype == torch.bfloat16
         if self.use_packed and want_native and device.type == "cpu":
             if int4_native.available():
-                self.native = int4_native.pack(weight)
+                # superblock constants where the weight has Q4_K's form, else per group
+                self.native = int4_superblock.packed_or_none(weight) or int4_native.pack(weight)
                 self._native_matmul = int4_native.matmul
             elif native:
                 raise RuntimeError(

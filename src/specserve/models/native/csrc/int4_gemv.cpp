@@ -29,6 +29,17 @@
 //             range whatever the weights).
 //   row_scale fp32    [Np]
 //
+//   Or, with superblock constants (super_form 3; superblock.py's pack_int4, the K-quants' own
+//   form: Q4_K's constants stored as in the file), qweight uint8 [Np / 16, K / 256, 36, 64]
+//   with group_size 32: per tile and superblock of 256 inputs four header blocks, then the
+//   eight sub-groups' 4 code blocks each (laid out as above):
+//     block 0     d[16] fp16 (bytes 0 - 31), then e[16] fp16: the rows' superblock factors
+//     blocks 1-3  one six-bit unit (int8_gemv.cpp's layout, u = the code itself, 0 .. 63) of
+//                 the 16 slots of each row: slot j < 8 the scale code sc_j of sub-group j,
+//                 slot 8 + j its offset code mo_j
+//   w[n, k] = d[n] sc_j[n] q[n, k] + e[n] mo_j[n] for input k of sub-group j: 4.5 bits a
+//   weight, the file's Q4_K bytes exactly, where per-group fp16 constants take 5.
+//   scales is empty and row_scale all ones.
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
 // thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call.
 // AVX-512 variant (the AVX2 one: see its section below):
@@ -38,6 +49,9 @@
 //                                  (each a vdpbf16ps of (128 + q) with x)
 //     y = fma(s, a0 + a1, y);  y = fma(c - 135.5 s, xsum[m, g], y)
 //   out = y * row_scale
+// and with superblock constants, per sub-group j:
+//     a0, a1 as above;  s = d * sc_j (exact in fp32);  bias = fma(s, -128, e * mo_j)
+//     y = fma(s, a0 + a1, y);  y = fma(bias, xsum[m, j], y)
 // where xsum[m, g] (sum of the group's bf16 inputs in fp32) is computed per row in a fixed
 // order (the same in both variants). The kernels differ only in how many tiles / rows they
 // interleave (for latency).
@@ -79,6 +93,11 @@ constexpr int64_t kTile = 16;       // output rows per tile (one per fp32 lane)
 constexpr int64_t kBlockK = 8;      // inputs per 64-byte block
 constexpr int64_t kBlockBytes = 64;
 constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the unit of a task)
+// Superblock constants (super_form 3): superblocks of 256 inputs, sub-groups of 32, 36 blocks
+// (4 header blocks, 32 of codes) per tile and superblock.
+constexpr int64_t kSuperSize = 256;
+constexpr int64_t kSuperGroupSize = 32;
+constexpr int64_t kSuperBlocks = 4 + kSuperSize / kBlockK;
 #ifdef SPECSERVE_INT4_AVX2
 constexpr int64_t kMaxRows = 5;     // rows of x per register block
 #else
@@ -114,6 +133,7 @@ struct Problem {
   bool l2;                 // prefetch into L2, not L1 (prefetch_l2 in simd.h)
   int64_t one_tile_distance;  // AVX-512: prefetch distance of one-tile runs (one_tile_prefetch)
   bool inline_constants;   // each group's constants follow its code blocks in qweight
+  bool super_constants;    // superblock constants (super_form 3), 8 groups a superblock
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
 };
@@ -125,6 +145,10 @@ inline int64_t num_row_blocks(int64_t M) { return specserve_native::num_row_bloc
 inline int64_t block_start(int64_t M, int64_t i) {
   return specserve_native::row_block_start(M, kMaxRows, i);
 }
+
+// Where a weight's constants live: apart (in p.scales), inline after each group's code
+// blocks, or per superblock (run_block_super).
+enum Form { kApart = 0, kInlineForm = 1, kSuperForm = 2 };
 
 #ifdef SPECSERVE_INT4_AVX512
 
@@ -139,6 +163,28 @@ using specserve_native::dot_pair;
 // The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
 // simd.h). kInline: each group's constants are the block after its codes in the tile's stream,
 // else in p.scales.
+// out[m0 + m, tile's rows] = y[t][m] * row_scale (fp32, or rounded to bf16).
+template <int NT, int MR>
+void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[NT][MR]) {
+  for (int t = 0; t < NT; ++t) {
+    const int64_t n0 = (tile0 + t) * kTile;
+    const int64_t valid = std::min<int64_t>(kTile, p.N - n0);
+    const __mmask16 mask = valid >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 r = _mm512_loadu_ps(p.row_scale + n0);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 v = _mm512_mul_ps(y[t][m], r);
+      if (p.out_f32) {
+        float* o = static_cast<float*>(p.out) + (m0 + m) * p.N + n0;
+        _mm512_mask_storeu_ps(o, mask, v);
+      } else {
+        uint16_t* o = static_cast<uint16_t*>(p.out) + (m0 + m) * p.N + n0;
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+        _mm256_mask_storeu_epi16(o, mask, h);
+      }
+    }
+  }
+}
+
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kMulti = MR > 1;
@@ -207,57 +253,143 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     }
   }
 
-  for (int t = 0; t < NT; ++t) {
-    const int64_t n0 = (tile0 + t) * kTile;
-    const int64_t valid = std::min<int64_t>(kTile, p.N - n0);
-    const __mmask16 mask = valid >= kTile ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1u);
-    const __m512 r = _mm512_loadu_ps(p.row_scale + n0);
-    for (int m = 0; m < MR; ++m) {
-      const __m512 v = _mm512_mul_ps(y[t][m], r);
-      if (p.out_f32) {
-        float* o = static_cast<float*>(p.out) + (m0 + m) * p.N + n0;
-        _mm512_mask_storeu_ps(o, mask, v);
-      } else {
-        uint16_t* o = static_cast<uint16_t*>(p.out) + (m0 + m) * p.N + n0;
-        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-        _mm256_mask_storeu_epi16(o, mask, h);
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+constexpr int64_t kSuperGroups = kSuperSize / kSuperGroupSize;  // sub-groups a superblock
+constexpr int64_t kSuperHeader = kSuperBlocks - kSuperSize / kBlockK;  // d / e, a six-bit unit
+
+// The six-bit unit at u (three blocks) -> its 256 codes u_b[16 c + i] at out[64 b + 16 c + i]:
+// out[16 j + i] is row i's scale code of sub-group j, out[128 + 16 j + i] its offset code.
+inline void super_codes(const uint8_t* u, uint8_t* out) {
+  const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+  const __m512i l0 = _mm512_loadu_si512(u), l1 = _mm512_loadu_si512(u + kBlockBytes);
+  const __m512i hb = _mm512_loadu_si512(u + 2 * kBlockBytes);
+  const auto high = [&](int shift) {  // bits shift, shift + 1 of each byte of hb, times 16
+    return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, shift), m2), 4);
+  };
+  const auto low = [&](__m512i l, int shift) {
+    return _mm512_and_si512(_mm512_srli_epi16(l, shift), m4);
+  };
+  _mm512_storeu_si512(out, _mm512_or_si512(low(l0, 0), high(0)));
+  _mm512_storeu_si512(out + 64, _mm512_or_si512(low(l0, 4), high(2)));
+  _mm512_storeu_si512(out + 128, _mm512_or_si512(low(l1, 0), high(4)));
+  _mm512_storeu_si512(out + 192, _mm512_or_si512(low(l1, 4), high(6)));
+}
+
+// As run_block for superblock constants (super_form 3, the arithmetic in the header above).
+template <int NT, int MR>
+void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
+  constexpr bool kMulti = MR > 1;
+  const __m512 minus128 = _mm512_set1_ps(-128.0f);
+  const int64_t tile_bytes = p.tile_bytes;
+  const uint8_t* w[NT];
+  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
+  const int64_t pf = NT == 1 ? p.one_tile_distance : kPrefetch;
+  const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
+                                                        (p.N + kTile - 1) / kTile, tile_bytes);
+  const float* xs[MR];
+  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair c of row m at xk[c * MR + m]
+
+  __m512 y[NT][MR];
+  for (int t = 0; t < NT; ++t)
+    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+  alignas(64) uint8_t codes[NT][256];
+
+  for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
+    __m512 dv[NT], ev[NT];
+    for (int t = 0; t < NT; ++t) {
+      dv[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t])));
+      ev[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32)));
+      super_codes(w[t] + kBlockBytes, codes[t]);
+      for (int64_t i = 0; i < kSuperHeader; ++i) {
+        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+        w[t] += kBlockBytes;
       }
     }
+    for (int64_t j = 0; j < kSuperGroups; ++j) {
+      __m512 a0[NT][MR], a1[NT][MR];
+      for (int t = 0; t < NT; ++t)
+        for (int m = 0; m < MR; ++m) {
+          a0[t][m] = _mm512_setzero_ps();
+          a1[t][m] = _mm512_setzero_ps();
+        }
+      for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+        for (int t = 0; t < NT; ++t) {
+          const __m512i raw = _mm512_loadu_si512(w[t]);
+          specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+          w[t] += kBlockBytes;
+          __m512i z[4];
+          specserve_native::int4_block_pairs(raw, z);
+          for (int m = 0; m < MR; ++m) {
+            a0[t][m] = dot_pair<kMulti>(a0[t][m], z[0], xk + 0 * MR + m);
+            a1[t][m] = dot_pair<kMulti>(a1[t][m], z[1], xk + 1 * MR + m);
+            a0[t][m] = dot_pair<kMulti>(a0[t][m], z[2], xk + 2 * MR + m);
+            a1[t][m] = dot_pair<kMulti>(a1[t][m], z[3], xk + 3 * MR + m);
+          }
+        }
+        xk += 4 * MR;
+      }
+      const int64_t g = g0 + j;
+      for (int t = 0; t < NT; ++t) {
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 16 * j))));
+        const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 128 + 16 * j))));
+        const __m512 s = _mm512_mul_ps(dv[t], sc);  // exact: an fp16 times a six-bit code
+        const __m512 bias = _mm512_fmadd_ps(s, minus128, _mm512_mul_ps(ev[t], mo));
+        for (int m = 0; m < MR; ++m) {
+          y[t][m] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[t][m], a1[t][m]), y[t][m]);
+          y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
+        }
+      }
+    }
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+template <int NT, int MR, int kForm>
+void run_form(const Problem& p, int64_t tile0, int64_t m0) {
+  if constexpr (kForm == kSuperForm) {
+    run_block_super<NT, MR>(p, tile0, m0);
+  } else {
+    run_block<NT, MR, kForm == kInlineForm>(p, tile0, m0);
   }
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows).
-template <bool kInline>
+template <int kForm>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   switch (rows) {
-    case 1: run_block<1, 1, kInline>(p, tile0, m0); break;
-    case 2: run_block<1, 2, kInline>(p, tile0, m0); break;
-    case 3: run_block<1, 3, kInline>(p, tile0, m0); break;
-    case 4: run_block<1, 4, kInline>(p, tile0, m0); break;
-    case 5: run_block<1, 5, kInline>(p, tile0, m0); break;
-    case 6: run_block<1, 6, kInline>(p, tile0, m0); break;
-    case 7: run_block<1, 7, kInline>(p, tile0, m0); break;
-    default: run_block<1, 8, kInline>(p, tile0, m0); break;
+    case 1: run_form<1, 1, kForm>(p, tile0, m0); break;
+    case 2: run_form<1, 2, kForm>(p, tile0, m0); break;
+    case 3: run_form<1, 3, kForm>(p, tile0, m0); break;
+    case 4: run_form<1, 4, kForm>(p, tile0, m0); break;
+    case 5: run_form<1, 5, kForm>(p, tile0, m0); break;
+    case 6: run_form<1, 6, kForm>(p, tile0, m0); break;
+    case 7: run_form<1, 7, kForm>(p, tile0, m0); break;
+    default: run_form<1, 8, kForm>(p, tile0, m0); break;
   }
 }
 
 // Tiles [begin, end), all rows. Interleaves several tiles when there are few rows (to hide the
 // vdpbf16ps latency); otherwise one tile at a time, each row block in turn.
-template <bool kInline>
+template <int kForm>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
   int64_t t = begin;
   if (p.M == 1) {
-    for (; t + kTileGroup <= end; t += kTileGroup) run_block<kTileGroup, 1, kInline>(p, t, 0);
+    for (; t + kTileGroup <= end; t += kTileGroup) run_form<kTileGroup, 1, kForm>(p, t, 0);
   } else if (p.M == 2) {
-    for (; t + 2 <= end; t += 2) run_block<2, 2, kInline>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_form<2, 2, kForm>(p, t, 0);
   } else if (p.M == 3) {
-    for (; t + 2 <= end; t += 2) run_block<2, 3, kInline>(p, t, 0);
+    for (; t + 2 <= end; t += 2) run_form<2, 3, kForm>(p, t, 0);
   }
   const int64_t nblocks = num_row_blocks(p.M);
   for (; t < end; ++t) {
     for (int64_t i = 0; i < nblocks; ++i) {
       const int64_t m0 = block_start(p.M, i);
-      run_rows<kInline>(p, t, m0, block_start(p.M, i + 1) - m0);
+      run_rows<kForm>(p, t, m0, block_start(p.M, i + 1) - m0);
     }
   }
 }
@@ -513,8 +645,10 @@ void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
 
 // Tiles [begin, end), all rows: two tiles at once for 1 row (8 accumulators), else one tile at
 // a time, each row block in turn.
-template <bool kInline>
+// (kForm: kApart or kInlineForm; superblock constants have the AVX-512 kernel only)
+template <int kForm>
 void run_range(const Problem& p, int64_t begin, int64_t end) {
+  constexpr bool kInline = kForm == kInlineForm;
   int64_t t = begin;
   if (p.M == 1) {
     for (; t + 2 <= end; t += 2) run_block<2, 2, 1, kInline>(p, t, 0, 0);
@@ -743,6 +877,19 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
     STD_TORCH_CHECK(inline_constants, what,
                     ": six-bit codes keep their constants inline (scales must be empty fp16)");
     ngroups = qweight.size(1);
+  } else if (bits == 4 && qweight.dim() == 4) {
+    // int4 with superblock constants: [Np/16, K/256, 36, 64], sub-groups of 32
+    STD_TORCH_CHECK(qweight.scalar_type() == ScalarType::Byte && qweight.is_contiguous() &&
+                        qweight.size(2) == kSuperBlocks && qweight.size(3) == kBlockBytes,
+                    what, ": int4 qweight with superblock constants must be contiguous uint8 "
+                    "[Np/16, K/256, ", kSuperBlocks, ", 64]");
+    STD_TORCH_CHECK(group_size == kSuperGroupSize, what,
+                    ": int4 superblock constants need group_size ", kSuperGroupSize, ", got ",
+                    group_size);
+    STD_TORCH_CHECK(inline_constants, what,
+                    ": superblock constants are inline (scales must be empty fp16)");
+    super_form = 3;
+    ngroups = qweight.size(1) * (kSuperSize / kSuperGroupSize);
   } else {
     // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
     const int64_t block_k = bits == 4 ? 8 : 4;
@@ -776,7 +923,7 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                  ngroups * group_size, group_size, bits};
   w.inline_constants = inline_constants;
   w.super_form = super_form;
-  w.tile_bytes = qweight.size(1) * (bits == 6 ? qweight.size(2) : 1) * kBlockBytes;
+  w.tile_bytes = qweight.size(1) * (qweight.dim() == 4 ? qweight.size(2) : 1) * kBlockBytes;
   return w;
 }
 
@@ -821,6 +968,8 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.xi = xip;
   p.dx = nullptr;
 #else
+  STD_TORCH_CHECK(w.super_form == 0, "int4 kernel (", kVariant,
+                  "): superblock constants need the AVX-512 BF16 / GFNI kernel");
   STD_TORCH_CHECK(quantised || w.group_size <= kMaxGroupI16, "int4 kernel (", kVariant,
                   "): group_size ", w.group_size, " is above ", kMaxGroupI16);
   std::vector<uint32_t> pairs(static_cast<size_t>(quantised ? 0 : M * K / 2)), xi;
@@ -856,6 +1005,7 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.ngroups = ngroups;
   p.blocks_per_group = w.group_size / kBlockK;
   p.inline_constants = w.inline_constants;
+  p.super_constants = w.super_form == 3;
   p.tile_bytes = w.tile_bytes;
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
@@ -866,8 +1016,8 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
 #ifdef SPECSERVE_INT4_AVX2
-    const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
     if (quantised) {
+      const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
       if (p.inline_constants)
         run_range_quantised<true>(p, xq.data(), dx.data(), qsum.data(), first, last);
       else
@@ -875,10 +1025,17 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
       return;
     }
 #endif
+    const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
+#ifdef SPECSERVE_INT4_AVX512
+    if (p.super_constants) {
+      run_range<kSuperForm>(p, first, last);
+      return;
+    }
+#endif
     if (p.inline_constants) {
-      run_range<true>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      run_range<kInlineForm>(p, first, last);
     } else {
-      run_range<false>(p, begin * kTileGroup, std::min(ntiles, end * kTileGroup));
+      run_range<kApart>(p, first, last);
     }
   });
 }

@@ -33,6 +33,9 @@ struct PackedWeight {
   // per-group fp16 constants; 1 when each superblock of group_size inputs opens with its rows'
   // fp32 scale d and int8 scale codes of its 16-input sub-groups; 2 when fp32 offsets e and
   // int8 offset codes follow them.
+  // 3: int4 codes with superblock constants (int4_gemv.cpp: fp16 d and e, six-bit scale and
+  // offset codes of 32-input sub-groups per superblock of 256 inputs; qweight
+  // [Np / 16, K / 256, 36, 64]).
   int super_form = 0;
 };
 

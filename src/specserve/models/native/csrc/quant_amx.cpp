@@ -104,7 +104,8 @@ void quant_amx_range(const QuantTiles&, int64_t, int64_t) {}
 #else
 
 bool quant_amx_applies(const PackedWeight& w) {
-  const bool shape = (w.bits == 4 && w.group_size % 32 == 0 && w.group_size <= 256) ||
+  const bool shape = (w.bits == 4 && w.super_form == 0 && w.group_size % 32 == 0 &&
+                      w.group_size <= 256) ||
                      (w.bits == 6 && w.super_form == 0 && w.group_size % 16 == 0 &&
                       w.group_size <= 128);
   if (!shape) return false;
