@@ -15,6 +15,7 @@ from specserve.models.native import int4_native, int4_superblock, superblock
 from specserve.models.native.int4_native import Int4Packed, matmul
 from specserve.models.quant.int4_weight import Int4Weight
 from specserve.models.quant.layers import Int4Linear
+from tests.kernel_checks import assert_exact_and_batch_invariant
 
 kernel = pytest.mark.skipif(
     not (int4_native.available() and int4_superblock.preferred()),
@@ -144,17 +145,7 @@ def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
     n: int, k: int, sign: int
 ) -> None:
     w = q4_k(n, k, seed=n, sign=sign)
-    p = packed(w)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(11, k, generator=gen).to(torch.bfloat16)
-    ref = x.double() @ w.dequantize(torch.float64).T
-    y32 = matmul(x.float(), p)  # fp32 out: only the kernel's fp32 sums differ
-    assert float((y32.double() - ref).norm() / ref.norm()) < 1e-5
-    y = matmul(x, p)
-    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
-    for rows in (1, 2, 3, 5, 8, 11):
-        parts = [matmul(x[i : i + rows], p) for i in range(0, 11, rows)]
-        assert torch.equal(torch.cat(parts), y), rows
+    assert_exact_and_batch_invariant(matmul, packed(w), w.dequantize(torch.float64))
 
 
 @kernel

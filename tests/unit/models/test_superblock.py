@@ -13,6 +13,7 @@ import torch
 from specserve.models.native import int8_native, superblock
 from specserve.models.native.int8_native import Int8Packed, matmul, pack
 from specserve.models.quant.int8_group import Int8GroupWeight
+from tests.kernel_checks import assert_exact_and_batch_invariant
 
 kernel = pytest.mark.skipif(
     not (int8_native.available() and superblock.preferred()),
@@ -171,16 +172,7 @@ def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
     w = k_quant(n, k, seed=n, offsets=offsets, sign=-1 if n == 37 else 1)
     packed = pack(w, code_bits=6, superblocks=True)
     assert packed.superblock_form == (2 if offsets else 1)
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(11, k, generator=gen).to(torch.bfloat16)
-    ref = x.double() @ w.dequantize().double().T
-    y32 = matmul(x.float(), packed)  # fp32 out: only the kernel's fp32 sums differ
-    assert float((y32.double() - ref).norm() / ref.norm()) < 1e-5
-    y = matmul(x, packed)
-    assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
-    for rows in (1, 2, 3, 5, 8, 11):
-        parts = [matmul(x[i : i + rows], packed) for i in range(0, 11, rows)]
-        assert torch.equal(torch.cat(parts), y), rows
+    assert_exact_and_batch_invariant(matmul, packed, w.dequantize())
 
 
 @kernel

@@ -163,6 +163,38 @@ using specserve_native::dot_pair;
 // The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
 // simd.h). kInline: each group's constants are the block after its codes in the tile's stream,
 // else in p.scales.
+// One group's code blocks of tiles w[0 .. NT) (advanced past them) against the MR rows' pairs
+// at xk (advanced too): a0 and a1 start at zero and take the pairs (0, 2) and (1, 3) of each
+// block (vdpbf16ps of 128 + q with x), the arithmetic of every kernel below.
+template <int NT, int MR>
+__attribute__((always_inline)) inline void group_dots(const Problem& p, const uint8_t* (&w)[NT],
+                                                      const char*& ahead, int64_t pf,
+                                                      const uint32_t*& xk, __m512 (&a0)[NT][MR],
+                                                      __m512 (&a1)[NT][MR]) {
+  constexpr bool kMulti = MR > 1;
+  for (int t = 0; t < NT; ++t)
+    for (int m = 0; m < MR; ++m) {
+      a0[t][m] = _mm512_setzero_ps();
+      a1[t][m] = _mm512_setzero_ps();
+    }
+  for (int64_t b = 0; b < p.blocks_per_group; ++b) {
+    for (int t = 0; t < NT; ++t) {
+      const __m512i raw = _mm512_loadu_si512(w[t]);
+      specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+      w[t] += kBlockBytes;
+      __m512i z[4];
+      specserve_native::int4_block_pairs(raw, z);
+      for (int m = 0; m < MR; ++m) {
+        a0[t][m] = dot_pair<kMulti>(a0[t][m], z[0], xk + 0 * MR + m);
+        a1[t][m] = dot_pair<kMulti>(a1[t][m], z[1], xk + 1 * MR + m);
+        a0[t][m] = dot_pair<kMulti>(a0[t][m], z[2], xk + 2 * MR + m);
+        a1[t][m] = dot_pair<kMulti>(a1[t][m], z[3], xk + 3 * MR + m);
+      }
+    }
+    xk += 4 * MR;
+  }
+}
+
 // out[m0 + m, tile's rows] = y[t][m] * row_scale (fp32, or rounded to bf16).
 template <int NT, int MR>
 void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[NT][MR]) {
@@ -187,7 +219,6 @@ void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[
 
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
-  constexpr bool kMulti = MR > 1;
   const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
   const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
@@ -211,27 +242,7 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
     __m512 a0[NT][MR], a1[NT][MR];
-    for (int t = 0; t < NT; ++t)
-      for (int m = 0; m < MR; ++m) {
-        a0[t][m] = _mm512_setzero_ps();
-        a1[t][m] = _mm512_setzero_ps();
-      }
-    for (int64_t b = 0; b < p.blocks_per_group; ++b) {
-      for (int t = 0; t < NT; ++t) {
-        const __m512i raw = _mm512_loadu_si512(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-        w[t] += kBlockBytes;
-        __m512i z[4];
-        specserve_native::int4_block_pairs(raw, z);
-        for (int m = 0; m < MR; ++m) {
-          a0[t][m] = dot_pair<kMulti>(a0[t][m], z[0], xk + 0 * MR + m);
-          a1[t][m] = dot_pair<kMulti>(a1[t][m], z[1], xk + 1 * MR + m);
-          a0[t][m] = dot_pair<kMulti>(a0[t][m], z[2], xk + 2 * MR + m);
-          a1[t][m] = dot_pair<kMulti>(a1[t][m], z[3], xk + 3 * MR + m);
-        }
-      }
-      xk += 4 * MR;
-    }
+    group_dots<NT, MR>(p, w, ahead, pf, xk, a0, a1);
     for (int t = 0; t < NT; ++t) {
       const uint16_t* c = sc[t];
       if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
@@ -280,7 +291,6 @@ inline void super_codes(const uint8_t* u, uint8_t* out) {
 // As run_block for superblock constants (super_form 3, the arithmetic in the header above).
 template <int NT, int MR>
 void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
-  constexpr bool kMulti = MR > 1;
   const __m512 minus128 = _mm512_set1_ps(-128.0f);
   const int64_t tile_bytes = p.tile_bytes;
   const uint8_t* w[NT];
@@ -310,27 +320,7 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
     }
     for (int64_t j = 0; j < kSuperGroups; ++j) {
       __m512 a0[NT][MR], a1[NT][MR];
-      for (int t = 0; t < NT; ++t)
-        for (int m = 0; m < MR; ++m) {
-          a0[t][m] = _mm512_setzero_ps();
-          a1[t][m] = _mm512_setzero_ps();
-        }
-      for (int64_t b = 0; b < p.blocks_per_group; ++b) {
-        for (int t = 0; t < NT; ++t) {
-          const __m512i raw = _mm512_loadu_si512(w[t]);
-          specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-          w[t] += kBlockBytes;
-          __m512i z[4];
-          specserve_native::int4_block_pairs(raw, z);
-          for (int m = 0; m < MR; ++m) {
-            a0[t][m] = dot_pair<kMulti>(a0[t][m], z[0], xk + 0 * MR + m);
-            a1[t][m] = dot_pair<kMulti>(a1[t][m], z[1], xk + 1 * MR + m);
-            a0[t][m] = dot_pair<kMulti>(a0[t][m], z[2], xk + 2 * MR + m);
-            a1[t][m] = dot_pair<kMulti>(a1[t][m], z[3], xk + 3 * MR + m);
-          }
-        }
-        xk += 4 * MR;
-      }
+      group_dots<NT, MR>(p, w, ahead, pf, xk, a0, a1);
       const int64_t g = g0 + j;
       for (int t = 0; t < NT; ++t) {
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
