@@ -163,6 +163,30 @@ using specserve_native::dot_pair;
 // The 2- and 3-row kernels prefetch the next two tiles in one sweep instead (sweep_start in
 // simd.h). kInline: each group's constants are the block after its codes in the tile's stream,
 // else in p.scales.
+// What a kernel over tiles [tile0, tile0 + NT) and the MR rows at m0 reads and sums: each
+// tile's stream (w, prefetched pf bytes ahead, or from `ahead` in a sweep), the rows' group
+// sums and bf16 pairs, and the outputs' accumulators (zero).
+template <int NT, int MR>
+struct Streams {
+  const uint8_t* w[NT];
+  const char* ahead;
+  int64_t pf;
+  const float* xs[MR];
+  const uint32_t* xk;  // pair c of row m at xk[c * MR + m]
+  __m512 y[NT][MR];
+
+  Streams(const Problem& p, int64_t tile0, int64_t m0)
+      : ahead(specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
+                                                (p.N + kTile - 1) / kTile, p.tile_bytes)),
+        pf(NT == 1 ? p.one_tile_distance : kPrefetch),
+        xk(p.xi + m0 * (p.K / 2)) {
+    for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
+    for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
+    for (int t = 0; t < NT; ++t)
+      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+  }
+};
+
 // One group's code blocks of tiles w[0 .. NT) (advanced past them) against the MR rows' pairs
 // at xk (advanced too): a0 and a1 start at zero and take the pairs (0, 2) and (1, 3) of each
 // block (vdpbf16ps of 128 + q with x), the arithmetic of every kernel below.
@@ -220,25 +244,12 @@ void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
-  const int64_t tile_bytes = p.tile_bytes;
   const int64_t tile_scales = p.ngroups * 2 * kTile;
 
-  const uint8_t* w[NT];
+  Streams<NT, MR> st(p, tile0, m0);
+  auto& [w, ahead, pf, xs, xk, y] = st;
   const uint16_t* sc[NT];
-  for (int t = 0; t < NT; ++t) {
-    w[t] = p.qweight + (tile0 + t) * tile_bytes;
-    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
-  }
-  const int64_t pf = NT == 1 ? p.one_tile_distance : kPrefetch;
-  const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
-                                                        (p.N + kTile - 1) / kTile, tile_bytes);
-  const float* xs[MR];
-  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair c of row m at xk[c * MR + m]
-
-  __m512 y[NT][MR];
-  for (int t = 0; t < NT; ++t)
-    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+  for (int t = 0; t < NT; ++t) sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
     __m512 a0[NT][MR], a1[NT][MR];
@@ -292,19 +303,8 @@ inline void super_codes(const uint8_t* u, uint8_t* out) {
 template <int NT, int MR>
 void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
   const __m512 minus128 = _mm512_set1_ps(-128.0f);
-  const int64_t tile_bytes = p.tile_bytes;
-  const uint8_t* w[NT];
-  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * tile_bytes;
-  const int64_t pf = NT == 1 ? p.one_tile_distance : kPrefetch;
-  const char* ahead = specserve_native::sweep_start<NT>(p.sweep, p.qweight, tile0,
-                                                        (p.N + kTile - 1) / kTile, tile_bytes);
-  const float* xs[MR];
-  for (int m = 0; m < MR; ++m) xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  const uint32_t* xk = p.xi + m0 * (p.K / 2);  // pair c of row m at xk[c * MR + m]
-
-  __m512 y[NT][MR];
-  for (int t = 0; t < NT; ++t)
-    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_setzero_ps();
+  Streams<NT, MR> st(p, tile0, m0);
+  auto& [w, ahead, pf, xs, xk, y] = st;
   alignas(64) uint8_t codes[NT][256];
 
   for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
