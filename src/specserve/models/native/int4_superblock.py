@@ -33,9 +33,11 @@ _ROW_CHUNK = 4096  # rows factored and packed at a time (a multiple of 16)
 
 
 def preferred() -> bool:
-    """Whether Q4_K-form weights are packed with superblock constants: where the int4
-    AVX-512 BF16 kernel runs and the AMX tiles are off (as :func:`superblock.preferred`, the
-    same ``SPECSERVE_SUPERBLOCK_CONSTANTS=0`` switch). Read on every call."""
+    """Whether Q4_K-form weights are packed with superblock constants: where
+    :func:`superblock.preferred` says the six-bit codes' superblocks are (AVX-512 BW, VBMI,
+    BF16 and GFNI, the AMX tiles off, ``SPECSERVE_SUPERBLOCK_CONSTANTS`` not ``0``). The int4
+    kernel itself needs only AVX-512 BF16 and GFNI; one condition keeps a model's two
+    superblock layouts together. Read on every call."""
     return superblock.preferred()
 
 
