@@ -207,13 +207,12 @@ def _int4_per_group(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8
     """An int4 weight with superblock constants again with per-group fp16 constants (other
     weights as they are): the same codes and weights."""
     from specserve.models.native import int4_native, int4_superblock
-    from specserve.models.quant.int4_weight import Int4Weight
+    from specserve.models.quant.int4_weight import Int4Weight, pack_nibbles
 
     if not getattr(p, "superblock_constants", False):
         return p
     codes, scale, minimum = int4_superblock.unpack(p.qweight, p.out_features)
-    nibbles = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return int4_native.pack(Int4Weight(nibbles.contiguous(), scale, minimum, 32))
+    return int4_native.pack(Int4Weight(pack_nibbles(codes), scale, minimum, int4_superblock.GROUP))
 
 
 def _apart(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed

@@ -25,6 +25,7 @@ from specserve.loading.gguf_blocks import FLOAT_TYPES, StoredBlocks, decode
 from specserve.loading.gguf_loader import GGUFFile, _unpermute_rope_rows, hf_name
 from specserve.loading.loader import resolve_source
 from specserve.models.arch import ArchConfig
+from specserve.models.quant.int4_weight import pack_nibbles
 
 logger = logging.getLogger(__name__)
 
@@ -121,10 +122,8 @@ def _unpermute(blocks: StoredBlocks, num_heads: int) -> StoredBlocks:
 
 def _portable(name: str, blocks: StoredBlocks) -> dict[str, torch.Tensor]:
     if blocks.kind == "int4":
-        codes = blocks.codes
-        nibbles = codes[:, 0::2] | (codes[:, 1::2] << 4)  # byte j: inputs 2j (low), 2j + 1
         return {
-            f"{name}.nibbles": nibbles.contiguous(),
+            f"{name}.nibbles": pack_nibbles(blocks.codes),
             f"{name}.scale": blocks.scale,
             f"{name}.minimum": blocks.offset,
         }

@@ -59,10 +59,11 @@ __all__ = [
 
 TILE_ROWS = tile_stream.TILE_ROWS  # output rows per tile: one per fp32 lane of a zmm register
 BLOCK_K = 8  # input channels per 64-byte block of a tile
-# Superblock constants (int4_superblock.py): per tile and superblock of 256 inputs, header
-# blocks before the 32 code blocks, and the sub-group (the group_size) such a weight has.
+# Superblock constants (int4_superblock.py): inputs a superblock, inputs a sub-group (the
+# weight's group_size), and per tile and superblock the header blocks and all the blocks.
+SUPERBLOCK, SUPER_GROUP = 256, 32
 SUPER_HEADER_BLOCKS = 4
-_SUPERBLOCK, _SUPER_GROUP = 256, 32
+SUPER_BLOCKS = SUPER_HEADER_BLOCKS + SUPERBLOCK // BLOCK_K
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
 _INPUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -131,17 +132,16 @@ class Int4Packed(tile_stream.PackedTiles):
         q = self.qweight
         if q.dim() != 4:
             return super()._layout_k()
-        blocks = SUPER_HEADER_BLOCKS + _SUPERBLOCK // BLOCK_K
-        if q.dtype != torch.uint8 or q.shape[2:] != (blocks, 64):
+        if q.dtype != torch.uint8 or q.shape[2:] != (SUPER_BLOCKS, 64):
             raise ValueError(
-                f"int4 qweight with superblock constants must be uint8 [Np/16, K/256, {blocks}, "
-                f"64], got {q.dtype} {tuple(q.shape)}"
+                f"int4 qweight with superblock constants must be uint8 [Np/16, K/256, "
+                f"{SUPER_BLOCKS}, 64], got {q.dtype} {tuple(q.shape)}"
             )
-        if self.group_size != _SUPER_GROUP:
+        if self.group_size != SUPER_GROUP:
             raise ValueError(f"superblock constants need group_size 32, got {self.group_size}")
         if self.scales.numel() or self.scales.dtype != torch.float16:
             raise ValueError("superblock constants are inline: scales must be empty fp16")
-        return q.shape[1] * _SUPERBLOCK, True
+        return q.shape[1] * SUPERBLOCK, True
 
     @property
     def superblock_constants(self) -> bool:

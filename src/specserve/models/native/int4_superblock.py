@@ -24,8 +24,8 @@ from specserve.models.quant.int4_weight import Int4Weight
 
 __all__ = ["GROUP", "pack", "packed_or_none", "preferred", "unpack"]
 
-SUPERBLOCK = superblock.SUPERBLOCK  # inputs a superblock (256)
-GROUP = 32  # inputs a sub-group (Q4_K's)
+SUPERBLOCK = int4_native.SUPERBLOCK  # inputs a superblock (256, the K-quants')
+GROUP = int4_native.SUPER_GROUP  # inputs a sub-group (32, Q4_K's)
 _PER = SUPERBLOCK // GROUP  # sub-groups a superblock
 _HEAD = int4_native.SUPER_HEADER_BLOCKS  # d and e (fp16), one six-bit unit of codes
 _CODE_MAX = 63  # six-bit codes, unsigned
@@ -46,8 +46,7 @@ def packed_or_none(weight: Int4Weight) -> int4_native.Int4Packed | None:
     have the form (:func:`pack`), else None (pack it per group)."""
     if weight.group_size != GROUP or not preferred():
         return None
-    nib = weight.nibbles.cpu()
-    codes = torch.stack([nib & 0xF, nib >> 4], dim=-1).view(nib.shape[0], -1)
+    codes = weight.codes().cpu()
     qweight = pack(codes, weight.scale.detach().cpu(), weight.minimum.detach().cpu())
     if qweight is None:
         return None
@@ -71,8 +70,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tor
     if k % SUPERBLOCK or scale.shape != (n, k // GROUP) or minimum.shape != scale.shape:
         return None
     tiles, nsuper = -(-n // TILE_ROWS), k // SUPERBLOCK
-    blocks = _HEAD + SUPERBLOCK // int4_native.BLOCK_K
-    qweight = huge_pages.empty((tiles, nsuper, blocks, BLOCK_BYTES), torch.uint8)
+    qweight = huge_pages.empty((tiles, nsuper, int4_native.SUPER_BLOCKS, BLOCK_BYTES), torch.uint8)
     for start in range(0, n, _ROW_CHUNK):  # a multiple of 16: chunks are whole tiles
         stop = min(n, start + _ROW_CHUNK)
         pad = -(stop - start) % TILE_ROWS
@@ -140,7 +138,7 @@ def unpack(
     """The inverse of :func:`pack`: ``(codes # [N, K] uint8, scale, minimum
     # [N, K / 32] fp32)``, the constants ``d·code`` (exact)."""
     tiles, nsuper, blocks, _ = qweight.shape
-    if qweight.dtype != torch.uint8 or blocks != _HEAD + SUPERBLOCK // int4_native.BLOCK_K:
+    if qweight.dtype != torch.uint8 or blocks != int4_native.SUPER_BLOCKS:
         raise ValueError(f"not an int4 superblock qweight: {qweight.dtype} {tuple(qweight.shape)}")
     code_blocks = qweight[:, :, _HEAD:].reshape(tiles, -1, BLOCK_BYTES)
     codes = int4_native.unpack_code_blocks(code_blocks)[:out_features]

@@ -19,6 +19,12 @@ _CLIP_RATIOS = (1.0, 0.94, 0.88, 0.82)
 ROW_CHUNK = 8192  # rows quantised at a time (bounds the fp32 temporaries of a big LM head)
 
 
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``# [N, K] uint8`` in 0..15 -> ``Int4Weight.nibbles # [N, K // 2] uint8``: byte j
+    holds input channels 2j (low nibble) and 2j + 1 (high)."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
 @dataclass
 class Int4Weight:
     """Portable int4 weights (what the cache stores).
@@ -41,7 +47,7 @@ class Int4Weight:
             raise ValueError(f"int4 scale shape {tuple(self.scale.shape)} does not fit {n=}")
 
     def codes(self) -> torch.Tensor:
-        """Unpacked codes ``# [N, K] uint8`` in 0..15."""
+        """Unpacked codes ``# [N, K] uint8`` in 0..15 (the inverse of :func:`pack_nibbles`)."""
         lo, hi = self.nibbles & 0xF, self.nibbles >> 4
         return torch.stack([lo, hi], dim=-1).view(self.nibbles.shape[0], -1)
 
@@ -86,5 +92,4 @@ def quantize_int4(weight: torch.Tensor, group_size: int = DEFAULT_GROUP_SIZE) ->
         scales.append(s)
         mins.append(m)
     q = torch.cat(qs)  # [N, K] codes
-    nibbles = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-    return Int4Weight(nibbles, torch.cat(scales), torch.cat(mins), group_size)
+    return Int4Weight(pack_nibbles(q), torch.cat(scales), torch.cat(mins), group_size)
