@@ -97,7 +97,9 @@ constexpr int64_t kTileGroup = 4;   // tiles interleaved for 1-row inputs (the u
 // (4 header blocks, 32 of codes) per tile and superblock.
 constexpr int64_t kSuperSize = 256;
 constexpr int64_t kSuperGroupSize = 32;
-constexpr int64_t kSuperBlocks = 4 + kSuperSize / kBlockK;
+constexpr int64_t kSuperGroups = kSuperSize / kSuperGroupSize;  // sub-groups a superblock
+constexpr int64_t kSuperHeader = 4;  // d / e, then one six-bit unit of codes
+constexpr int64_t kSuperBlocks = kSuperHeader + kSuperSize / kBlockK;
 #ifdef SPECSERVE_INT4_AVX2
 constexpr int64_t kMaxRows = 5;     // rows of x per register block
 #else
@@ -277,9 +279,6 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
 
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
-
-constexpr int64_t kSuperGroups = kSuperSize / kSuperGroupSize;  // sub-groups a superblock
-constexpr int64_t kSuperHeader = kSuperBlocks - kSuperSize / kBlockK;  // d / e, a six-bit unit
 
 // The six-bit unit at u (three blocks) -> its 256 codes u_b[16 c + i] at out[64 b + 16 c + i]:
 // out[16 j + i] is row i's scale code of sub-group j, out[128 + 16 j + i] its offset code.
@@ -879,7 +878,7 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
     STD_TORCH_CHECK(inline_constants, what,
                     ": superblock constants are inline (scales must be empty fp16)");
     super_form = 3;
-    ngroups = qweight.size(1) * (kSuperSize / kSuperGroupSize);
+    ngroups = qweight.size(1) * kSuperGroups;
   } else {
     // int4: uint8 codes, 8 inputs a block; int8 group: int8 codes, 4 inputs a block.
     const int64_t block_k = bits == 4 ? 8 : 4;
