@@ -15,6 +15,14 @@ difference, the relative error of the logits and the mean KL divergence from the
 
 Without ``--text`` the text is ``specserve perf``'s held-out one (116 tokens).
 
+``--part activations``: what rounding the matmuls' inputs alone costs, on the reference model
+itself (fp32-dequantised weights, fp32 activations): every linear layer's input rounded to
+bf16, or to int8 with one scale (max |x| / 127) per group of 32 inputs (as Q8_0 stores
+blocks), or per 256 (as llama.cpp's Q8_K quantises activations for its K-quant dot
+products), each against the unrounded reference. It sizes what a kernel multiplying int8
+activations (``vpdpbusd``, twice the products per instruction of ``vdpbf16ps``) would cost in
+accuracy.
+
 ``--part step``: the served model's decode step (1 new token) and verify step (5) at a
 200-token context with the stream in fp32 and in bf16, alternating on the same model for
 ``--rounds`` rounds of 20 steps each; medians in ms.
@@ -23,6 +31,8 @@ Without ``--text`` the text is ``specserve perf``'s held-out one (116 tokens).
     python benchmarks/residual_stream.py --weights gguf --tokens 2000 \\
         --text "$(python -c 'import textwrap; print(textwrap.__file__)')"
     python benchmarks/residual_stream.py --part step --weights gguf --rounds 5
+    python benchmarks/residual_stream.py --part activations --tokens 2000 \\
+        --text "$(python -c 'import textwrap; print(textwrap.__file__)')"
 
 Run the step part alone on the machine: it measures time.
 """
@@ -108,9 +118,50 @@ def step_times(args: argparse.Namespace) -> None:
         print(f"| {'fp32' if fp32_stream else 'bf16'} | {one:.1f} | {five:.1f} |")
 
 
+def rounded_input(x: torch.Tensor, rounding: tuple[str, int]) -> torch.Tensor:
+    """``x # [..., K]`` rounded as ``rounding`` says: ``("bf16", 0)``, or ``("int8", G)``
+    (symmetric, one fp32 scale max |x| / 127 per group of G inputs)."""
+    kind, group = rounding
+    if kind == "bf16":
+        return x.to(torch.bfloat16).to(x.dtype)
+    shape = x.shape
+    xs = x.reshape(*shape[:-1], shape[-1] // group, group)
+    scale = xs.abs().amax(-1, keepdim=True) / 127
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (torch.round(xs / scale).clamp(-127, 127) * scale).reshape(shape)
+
+
+ROUNDINGS = (("bf16", 0), ("int8", 32), ("int8", 256))
+
+
+def activations(model_name: str, ids: list[int], ref: torch.Tensor, ref_ll: float) -> None:
+    ref_model = load_model_with_weights(model_name, "fp32", dtype=torch.float32)
+    linears = [m for m in ref_model.model.modules() if isinstance(m, torch.nn.Linear)]
+    current: list[tuple[str, int]] = []
+
+    def hook(_: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (rounded_input(args[0], current[0]), *args[1:])
+
+    for m in linears:
+        m.register_forward_pre_hook(hook)
+    targets = torch.tensor(ids[1:])
+    print(f"every input of the {len(linears)} linear layers rounded, fp32 weights otherwise")
+    print("| input rounding | log-likelihood | vs reference | ± s.e. | logits rel. error | KL |")
+    print("|---|---|---|---|---|---|")
+    for rounding in ROUNDINGS:
+        current[:] = [rounding]
+        a = compare(ref, _logits(ref_model.model, ids), targets)
+        pct, se = 100 * a.shift / abs(ref_ll), 100 * a.shift_se / abs(ref_ll)
+        name = "bf16" if rounding[0] == "bf16" else f"int8, a scale per {rounding[1]} inputs"
+        print(
+            f"| {name} | {a.mean_ll:.4f} | {pct:+.3f} % | {se:.3f} % | {a.logit_rel:.2e} "
+            f"| {a.kl:.1e} |"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", default="accuracy", choices=["accuracy", "step"])
+    p.add_argument("--part", default="accuracy", choices=["accuracy", "step", "activations"])
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--weights", default="gguf", choices=["gguf", "bf16", "int4"])
     p.add_argument("--text", type=Path, help="a text file (default: perf's held-out text)")
@@ -140,6 +191,9 @@ def main() -> None:
     )
     took = time.perf_counter() - t0
     print(f"reference (fp32 activations): log-likelihood {ref_ll:.4f} ({took:.0f} s)")
+    if args.part == "activations":
+        activations(args.model, ids, ref, ref_ll)
+        return
 
     served = load_model_with_weights(args.model, args.weights, dtype=torch.bfloat16)
     paths: list[tuple[str, bool | None]] = [("fp32 residual", True), ("bf16 residual", False)]
