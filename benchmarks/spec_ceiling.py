@@ -94,6 +94,10 @@ def main() -> None:
         for _ in range(args.rounds):
             rec = worker.request({**req, "max_tokens": args.tokens})
             llama.append(rec["decode_s"] * 1e3 / max(1, len(rec["token_ids"]) - 1))
+            # the first forward after the other process ran is slow (threads woken, caches
+            # cold): one of each model, not counted
+            _forward_ms(target.model, t_cache, base, ahead[:1])
+            _forward_ms(draft.model, d_cache, base, ahead[:1])
             for t in verify:
                 verify[t].append(_forward_ms(target.model, t_cache, base, ahead[:t]))
             for _ in range(4):
