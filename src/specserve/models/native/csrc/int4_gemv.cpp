@@ -350,16 +350,8 @@ void run_form(const Problem& p, int64_t tile0, int64_t m0) {
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows).
 template <int kForm>
 void run_rows(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
-  switch (rows) {
-    case 1: run_form<1, 1, kForm>(p, tile0, m0); break;
-    case 2: run_form<1, 2, kForm>(p, tile0, m0); break;
-    case 3: run_form<1, 3, kForm>(p, tile0, m0); break;
-    case 4: run_form<1, 4, kForm>(p, tile0, m0); break;
-    case 5: run_form<1, 5, kForm>(p, tile0, m0); break;
-    case 6: run_form<1, 6, kForm>(p, tile0, m0); break;
-    case 7: run_form<1, 7, kForm>(p, tile0, m0); break;
-    default: run_form<1, 8, kForm>(p, tile0, m0); break;
-  }
+  specserve_native::with_rows<kMaxRows>(
+      rows, [&](auto mr) { run_form<1, decltype(mr)::value, kForm>(p, tile0, m0); });
 }
 
 // Tiles [begin, end), all rows. Interleaves several tiles when there are few rows (to hide the

@@ -531,16 +531,8 @@ void run_block16(const Problem& p, int64_t tile0, int64_t m0) {
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows), 16 lanes a vector.
 template <int kLayout>
 void run_rows16(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
-  switch (rows) {
-    case 1: run_block16<1, 1, kLayout>(p, tile0, m0); break;
-    case 2: run_block16<1, 2, kLayout>(p, tile0, m0); break;
-    case 3: run_block16<1, 3, kLayout>(p, tile0, m0); break;
-    case 4: run_block16<1, 4, kLayout>(p, tile0, m0); break;
-    case 5: run_block16<1, 5, kLayout>(p, tile0, m0); break;
-    case 6: run_block16<1, 6, kLayout>(p, tile0, m0); break;
-    case 7: run_block16<1, 7, kLayout>(p, tile0, m0); break;
-    default: run_block16<1, 8, kLayout>(p, tile0, m0); break;
-  }
+  specserve_native::with_rows<kMaxRows>(
+      rows, [&](auto mr) { run_block16<1, decltype(mr)::value, kLayout>(p, tile0, m0); });
 }
 
 // Tiles [begin, end), all rows: kTileGroup tiles at once for 1 row and two for 2 rows, else
@@ -782,16 +774,8 @@ struct SuperblockConstants {
 
 template <class Kernel, int NT>
 void run_rows_dot(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
-  switch (rows) {
-    case 1: Kernel::template block<NT, 1>(p, tile0, m0); break;
-    case 2: Kernel::template block<NT, 2>(p, tile0, m0); break;
-    case 3: Kernel::template block<NT, 3>(p, tile0, m0); break;
-    case 4: Kernel::template block<NT, 4>(p, tile0, m0); break;
-    case 5: Kernel::template block<NT, 5>(p, tile0, m0); break;
-    case 6: Kernel::template block<NT, 6>(p, tile0, m0); break;
-    case 7: Kernel::template block<NT, 7>(p, tile0, m0); break;
-    default: Kernel::template block<NT, 8>(p, tile0, m0); break;
-  }
+  specserve_native::with_rows<kMaxRows>(
+      rows, [&](auto mr) { Kernel::template block<NT, decltype(mr)::value>(p, tile0, m0); });
 }
 
 // Tiles [begin, end), all rows: four tiles at once for 1 row, two for 2 or 3 rows (latency of

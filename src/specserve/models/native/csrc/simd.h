@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 namespace specserve_native {
 
@@ -87,6 +89,16 @@ inline int64_t num_row_blocks(int64_t M, int64_t max_rows) { return (M + max_row
 inline int64_t row_block_start(int64_t M, int64_t max_rows, int64_t i) {
   const int64_t n = num_row_blocks(M, max_rows), base = M / n, extra = M % n;
   return i * base + (i < extra ? i : extra);
+}
+
+// Calls f(std::integral_constant<int, R>{}) with R = min(rows, kMax), rows >= 1: a row
+// block's size, known at run time, as the template argument the kernels are unrolled for.
+template <int kMax, class F>
+inline void with_rows(int64_t rows, F&& f) {
+  const int r = rows < kMax ? static_cast<int>(rows) : kMax;
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((r == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }(std::make_integer_sequence<int, kMax>{});
 }
 
 // xi: for each row block [m0, m0 + rows), the `pairs` bf16 pairs (one 32-bit word each) of its
