@@ -40,12 +40,15 @@ from specserve.perf.worker_arms import start_llamacpp
 MAX_K = 8
 
 
-def _forward_ms(model: DecoderLM, cache: SingleSequenceCache, base: int, ids: list[int]) -> float:
-    """One forward of ``ids`` after the first ``base`` cached tokens, logits of every row (as a
-    verify computes them), in ms."""
+def _forward_ms(
+    model: DecoderLM, cache: SingleSequenceCache, base: int, ids: list[int], last_only: bool
+) -> float:
+    """One forward of ``ids`` after the first ``base`` cached tokens, in ms, with the logits of
+    every row (as a verify computes them) or of the last (as a draft forward does)."""
     cache.truncate(base)
     t0 = time.perf_counter()
-    model.compute_logits(cache.forward(ids))
+    hidden = cache.forward(ids)
+    model.compute_logits(hidden[-1:] if last_only else hidden)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -96,13 +99,13 @@ def main() -> None:
             llama.append(rec["decode_s"] * 1e3 / max(1, len(rec["token_ids"]) - 1))
             # the first forward after the other process ran is slow (threads woken, caches
             # cold): one of each model, not counted
-            _forward_ms(target.model, t_cache, base, ahead[:1])
-            _forward_ms(draft.model, d_cache, base, ahead[:1])
+            _forward_ms(target.model, t_cache, base, ahead[:1], False)
+            _forward_ms(draft.model, d_cache, base, ahead[:1], True)
             for t in verify:
-                verify[t].append(_forward_ms(target.model, t_cache, base, ahead[:t]))
+                verify[t].append(_forward_ms(target.model, t_cache, base, ahead[:t], False))
             for _ in range(4):
-                one.append(_forward_ms(draft.model, d_cache, base, ahead[:1]))
-                two.append(_forward_ms(draft.model, d_cache, base, ahead[:2]))
+                one.append(_forward_ms(draft.model, d_cache, base, ahead[:1], True))
+                two.append(_forward_ms(draft.model, d_cache, base, ahead[:2], True))
     finally:
         worker.close()
 
