@@ -134,9 +134,10 @@ def rounded_input(x: torch.Tensor, rounding: tuple[str, int]) -> torch.Tensor:
 ROUNDINGS = (("bf16", 0), ("int8", 32), ("int8", 256))
 
 
-def activations(model_name: str, ids: list[int], ref: torch.Tensor, ref_ll: float) -> None:
-    ref_model = load_model_with_weights(model_name, "fp32", dtype=torch.float32)
-    linears = [m for m in ref_model.model.modules() if isinstance(m, torch.nn.Linear)]
+def activations(model: DecoderLM, ids: list[int], ref: torch.Tensor, ref_ll: float) -> None:
+    """``model`` (the reference) again with every linear layer's input rounded, each
+    :data:`ROUNDINGS` against ``ref``, its unrounded logits (the hooks stay on ``model``)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     current: list[tuple[str, int]] = []
 
     def hook(_: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -150,7 +151,7 @@ def activations(model_name: str, ids: list[int], ref: torch.Tensor, ref_ll: floa
     print("|---|---|---|---|---|---|")
     for rounding in ROUNDINGS:
         current[:] = [rounding]
-        a = compare(ref, _logits(ref_model.model, ids), targets)
+        a = compare(ref, _logits(model, ids), targets)
         pct, se = 100 * a.shift / abs(ref_ll), 100 * a.shift_se / abs(ref_ll)
         name = "bf16" if rounding[0] == "bf16" else f"int8, a scale per {rounding[1]} inputs"
         print(
@@ -185,15 +186,15 @@ def main() -> None:
     ref = _logits(ref_model.model, ids)
     targets = torch.tensor(ids[1:])
     ref_ll = float(torch.log_softmax(ref, -1).gather(-1, targets[:, None]).mean())
-    del ref_model
     print(
         f"{args.model}, {len(ids)} tokens of {args.text.name if args.text else 'the held-out text'}"
     )
     took = time.perf_counter() - t0
     print(f"reference (fp32 activations): log-likelihood {ref_ll:.4f} ({took:.0f} s)")
     if args.part == "activations":
-        activations(args.model, ids, ref, ref_ll)
+        activations(ref_model.model, ids, ref, ref_ll)
         return
+    del ref_model
 
     served = load_model_with_weights(args.model, args.weights, dtype=torch.bfloat16)
     paths: list[tuple[str, bool | None]] = [("fp32 residual", True), ("bf16 residual", False)]

@@ -28,12 +28,12 @@ import torch
 from specserve.bench.suites import get_prompts
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.loading import CATALOG
-from specserve.loading.gguf_stored import draft_format
-from specserve.loading.quant_cache import compute_dtype_for, load_model_with_weights
+from specserve.loading.quant_cache import load_model_with_weights
 from specserve.loading.transport import fetch
 from specserve.models.decoder import DecoderLM
 from specserve.models.fast_path import optimize_for_decode
 from specserve.models.native import fused_layer
+from specserve.perf.main import draft_format_beside
 from specserve.perf.options import PROMPT_SUITE
 from specserve.perf.worker_arms import start_llamacpp
 
@@ -67,8 +67,7 @@ def main() -> None:
     torch.set_num_threads(threads)
 
     target = load_model_with_weights(args.target, "gguf")
-    dtype = str(compute_dtype_for("gguf", None)).removeprefix("torch.")
-    draft_fmt = draft_format(None, "gguf", args.draft, "cpu", dtype) or "gguf"
+    draft_fmt = draft_format_beside(None, "gguf", args.draft)
     draft = load_model_with_weights(args.draft, draft_fmt)
     for lm in (target, draft):
         optimize_for_decode(lm.model)

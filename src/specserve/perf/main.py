@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     for i, fmt in enumerate(formats):
         t0 = time.perf_counter()
         target = load_model_with_weights(args.target, fmt)  # type: ignore[arg-type]
-        draft_fmt = _draft_format(args.draft_weights, fmt, args.draft)
+        draft_fmt = draft_format_beside(args.draft_weights, fmt, args.draft)
         draft = load_model_with_weights(args.draft, draft_fmt)
         load_s = time.perf_counter() - t0
         optimize_for_decode(target.model, fast)
@@ -237,7 +237,7 @@ def print_loglik(loglik: dict[str, float]) -> None:
     print("mean log-likelihood per token of the held-out text: " + ", ".join(parts))
 
 
-def _draft_format(draft_weights: WeightFormat | None, fmt: str, draft: str) -> WeightFormat:
+def draft_format_beside(draft_weights: WeightFormat | None, fmt: str, draft: str) -> WeightFormat:
     """The draft's format in the arms of target format ``fmt``: ``--draft-weights``, else
     what ``serve`` picks beside such a target (``loading.gguf_stored.draft_format``: int4
     beside a gguf or bf16 target where the native int4 kernels run), else ``fmt``."""

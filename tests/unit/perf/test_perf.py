@@ -243,18 +243,18 @@ def test_the_draft_defaults_to_the_format_serve_gives_it(monkeypatch: pytest.Mon
     beside that target: int4 beside gguf or bf16 where the native int4 kernels run, the
     target's format otherwise; the flag always wins."""
     from specserve.models.native import int4_native
-    from specserve.perf.main import _draft_format
+    from specserve.perf.main import draft_format_beside
 
     draft = "a/hf-directory"  # not a GGUF file: no format of its own
     monkeypatch.setattr(int4_native, "available", lambda: True)
-    assert _draft_format(None, "gguf", draft) == "int4"
-    assert _draft_format(None, "bf16", draft) == "int4"
-    assert _draft_format(None, "int8", draft) == "int8"
-    assert _draft_format(None, "fp32", draft) == "fp32"  # fp32 compute: no int4 kernel
-    assert _draft_format("bf16", "gguf", draft) == "bf16"
+    assert draft_format_beside(None, "gguf", draft) == "int4"
+    assert draft_format_beside(None, "bf16", draft) == "int4"
+    assert draft_format_beside(None, "int8", draft) == "int8"
+    assert draft_format_beside(None, "fp32", draft) == "fp32"  # fp32 compute: no int4 kernel
+    assert draft_format_beside("bf16", "gguf", draft) == "bf16"
     monkeypatch.setattr(int4_native, "available", lambda: False)
-    assert _draft_format(None, "bf16", draft) == "bf16"
-    assert _draft_format(None, "int4", draft) == "int4"
+    assert draft_format_beside(None, "bf16", draft) == "bf16"
+    assert draft_format_beside(None, "int4", draft) == "int4"
 
 
 def test_the_hybrid_arm_gives_plain_decodings_tokens() -> None:

@@ -26,7 +26,7 @@ from specserve.models.native.tile_stream import BLOCK_BYTES, TILE_ROWS
 
 __all__ = ["SUPERBLOCK", "factor", "header_blocks", "pack", "preferred"]
 
-SUPERBLOCK = 256  # inputs a superblock (the K-quants'); a multiple of 64
+SUPERBLOCK = int4_native.SUPERBLOCK  # inputs a superblock (256, the K-quants'); a multiple of 64
 _SUB = six_bit.UNIT_K  # inputs a sub-group: one six-bit unit
 _ENV_SWITCH = "SPECSERVE_SUPERBLOCK_CONSTANTS"
 _MAX_SHIFT = 38  # exponent spread a superblock's integers may take in int64
