@@ -6,8 +6,10 @@ activations on its fp32-dequantised weights (``--weights fp32``; for ``--weights
 those weights rounded to bf16 first, so that only the activations differ). Against it, the
 served path (``--weights gguf``, ``bf16`` or ``int4``, bf16 activations on the fused layer
 ops) with the residual stream in fp32 (the default) and in bf16
-(``SPECSERVE_FP32_RESIDUAL=0``, the eager module's roundings), and the eager bf16 module
-where the format has one (``bf16``). For each it prints the mean log-likelihood per token
+(``SPECSERVE_FP32_RESIDUAL=0``, the eager module's roundings), the eager bf16 module
+where the format has one (``bf16``), and where the Q4_K matmuls take int8 activations
+(``int4_native.int8_activations``) the same path with bf16 ones
+(``SPECSERVE_INT8_ACTIVATIONS=0``). For each it prints the mean log-likelihood per token
 and its difference from the reference with the difference's standard error (a text of n
 tokens measures a mean shift only to about std / sqrt(n)), the mean absolute per-token
 difference, the relative error of the logits and the mean KL divergence from the reference.
@@ -51,7 +53,7 @@ import torch
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.loading.quant_cache import load_model_with_weights
 from specserve.models.decoder import DecoderLM
-from specserve.models.native import fused_layer
+from specserve.models.native import fused_layer, int4_native
 from specserve.perf.report import HELD_OUT_TEXT
 
 
@@ -200,6 +202,8 @@ def main() -> None:
     paths: list[tuple[str, bool | None]] = [("fp32 residual", True), ("bf16 residual", False)]
     if args.weights == "bf16":
         paths.append(("eager bf16 module", None))
+    if int4_native.int8_activations():  # the Q4_K matmuls' bf16-activation kernel too
+        paths.append(("fp32 residual, bf16 activations", True))
     print(
         "| path | log-likelihood | vs reference | ± s.e. | mean abs. per token "
         "| logits rel. error | KL |"
@@ -210,6 +214,7 @@ def main() -> None:
             fused_layer.disable(served.model)
         else:
             _use(served.model, fp32_stream)
+        os.environ["SPECSERVE_INT8_ACTIVATIONS"] = "0" if "bf16 activations" in name else "1"
         desc = fused_layer.describe(served.model)
         a = compare(ref, _logits(served.model, ids), targets)
         pct, se = 100 * a.shift / abs(ref_ll), 100 * a.shift_se / abs(ref_ll)
@@ -218,6 +223,7 @@ def main() -> None:
             f"| {a.mean_abs:.4f} | {a.logit_rel:.2e} | {a.kl:.1e} |"
         )
     os.environ.pop("SPECSERVE_FP32_RESIDUAL", None)
+    os.environ.pop("SPECSERVE_INT8_ACTIVATIONS", None)
 
 
 if __name__ == "__main__":

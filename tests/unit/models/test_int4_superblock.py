@@ -4,7 +4,8 @@ per-group constants or refused, the packed layout and its inverse, the byte coun
 4.5 bits a weight), the checks of such a weight, where ``Int4Linear`` takes the layout, and the
 kernel that reads it (AVX-512 BF16 / GFNI hosts): close to a float64 reference, exact
 constants (fp32 outputs within fp32 rounding), rows batch invariant, and a real Q4_K tensor of
-the default GGUF file."""
+the default GGUF file; and the same kernel on int8 activations (AVX-512 VNNI builds): its own
+float64 reference, batch invariance, the switch, zero and non-finite groups."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from specserve.models.native import int4_native, int4_superblock, superblock
 from specserve.models.native.int4_native import Int4Packed, matmul
 from specserve.models.quant.int4_weight import Int4Weight
 from specserve.models.quant.layers import Int4Linear
-from tests.kernel_checks import assert_exact_and_batch_invariant
+from tests.kernel_checks import assert_exact_and_batch_invariant, int8_activation_product
 
 kernel = pytest.mark.skipif(
     not (int4_native.available() and int4_superblock.preferred()),
@@ -139,13 +140,82 @@ def test_packed_weight_checks_the_superblock_shapes() -> None:
 # ---------------------------------------------------------------- the kernel ---------------
 
 
+@pytest.fixture
+def bf16_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vdpbf16ps kernel on bf16 activations, also where int8 ones are the default."""
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+
+
 @kernel
+@pytest.mark.usefixtures("bf16_activations")
 @pytest.mark.parametrize(("n", "k", "sign"), [(37, 512, -1), (160, 1536, 1), (21, 256, 1)])
 def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
     n: int, k: int, sign: int
 ) -> None:
+    assert not int4_native.int8_activations()
     w = q4_k(n, k, seed=n, sign=sign)
     assert_exact_and_batch_invariant(matmul, packed(w), w.dequantize(torch.float64))
+
+
+# ---------------------------------------------------------- on int8 activations ------------
+
+x8_kernel = pytest.mark.skipif(
+    not (int4_native.available() and int4_superblock.preferred())
+    or not torch.ops.specserve.int4_int8_activations(),
+    reason="int8 activations need the AVX-512 kernel built with VNNI",
+)
+
+
+def x8_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
+    return int8_activation_product(x, w.dequantize(torch.float64), w.minimum)
+
+
+@x8_kernel
+@pytest.mark.parametrize(("n", "k", "sign"), [(37, 512, -1), (160, 1536, 1), (21, 256, 1)])
+def test_int8_activations_match_their_float64_reference_and_are_batch_invariant(
+    n: int, k: int, sign: int
+) -> None:
+    """Rows of 1 to 11 (every kernel width, the interleaved tiles of 1-3 rows included)."""
+    assert int4_native.int8_activations()
+    w = q4_k(n, k, seed=n, sign=sign)
+    assert_exact_and_batch_invariant(
+        matmul, packed(w), w.dequantize(torch.float64), reference=lambda x: x8_reference(x, w)
+    )
+
+
+@x8_kernel
+def test_int8_activations_stay_near_the_exact_product_and_the_switch_turns_them_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = q4_k(64, 1536, seed=3)
+    p = packed(w)
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    exact = x.double() @ w.dequantize(torch.float64).T
+    on = matmul(x.float(), p).double()
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    assert not int4_native.int8_activations()
+    off = matmul(x.float(), p).double()
+    assert float((off - exact).norm() / exact.norm()) < 1e-5
+    assert 1e-5 < float((on - exact).norm() / exact.norm()) < 1e-2
+
+
+@x8_kernel
+def test_int8_activations_of_zero_and_non_finite_groups() -> None:
+    """An all-zero sub-group contributes nothing; a row holding a NaN or an infinity gives NaN
+    outputs and leaves the other rows' bits alone."""
+    w = q4_k(32, 512, seed=4)
+    p = packed(w)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x[0, 32:64] = 0.0
+    y = matmul(x.float(), p).double()
+    ref = x8_reference(x, w)
+    assert float((y - ref).norm() / ref.norm()) < 1e-5
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[1, 100] = bad
+        yb = matmul(xb, p)
+        assert torch.isnan(yb[1]).all()
+        assert torch.equal(yb[[0, 2]], matmul(x, p)[[0, 2]])
 
 
 @kernel
@@ -184,5 +254,11 @@ def test_the_default_files_q4_k_tensors_take_superblock_constants() -> None:
     p = Int4Packed(qweight, torch.empty(0, dtype=torch.float16), torch.ones(2048), 2048, 32)
     x = torch.randn(4, p.in_features).to(torch.bfloat16)
     ref = x.double() @ blocks.dequantize()[:2048].double().T
-    y = matmul(x.float(), p)
+    with pytest.MonkeyPatch.context() as env:  # bf16 activations: the exact products
+        env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+        y = matmul(x.float(), p)
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
+    if int4_native.int8_activations():  # and the int8 activations' products
+        ref8 = int8_activation_product(x, blocks.dequantize()[:2048], blocks.offset[:2048])
+        y8 = matmul(x.float(), p)
+        assert float((y8.double() - ref8).norm() / ref8.norm()) < 1e-5

@@ -3,7 +3,8 @@ per-group constants into an fp32 superblock scale times int8 codes (exact, or re
 packed layout and its inverse, when :func:`int8_native.pack` writes it, the checks of such a
 weight, and the kernel that reads it (AVX-512 BF16 / VBMI / GFNI hosts): close to a float64
 reference, exact constants (fp32 outputs within fp32 rounding), rows batch invariant, and the
-real Q6_K tensors of the default GGUF file."""
+real Q6_K tensors of the default GGUF file; and the same kernel on int8 activations (AVX-512
+VNNI builds): its own float64 reference, batch invariance, the switch, non-finite groups."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from specserve.models.native import int8_native, superblock
 from specserve.models.native.int8_native import Int8Packed, matmul, pack
 from specserve.models.quant.int8_group import Int8GroupWeight
-from tests.kernel_checks import assert_exact_and_batch_invariant
+from tests.kernel_checks import assert_exact_and_batch_invariant, int8_activation_product
 
 kernel = pytest.mark.skipif(
     not (int8_native.available() and superblock.preferred()),
@@ -163,7 +164,14 @@ def test_packed_weight_checks_the_superblock_shapes() -> None:
 # ---------------------------------------------------------------- the kernel ---------------
 
 
+@pytest.fixture
+def bf16_activations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vdpbf16ps kernel on bf16 activations, also where int8 ones are the default."""
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+
+
 @kernel
+@pytest.mark.usefixtures("bf16_activations")
 @pytest.mark.parametrize("offsets", [False, True])
 @pytest.mark.parametrize(("n", "k"), [(37, 512), (160, 1536), (21, 192)])
 def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
@@ -173,6 +181,61 @@ def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
     packed = pack(w, code_bits=6, superblocks=True)
     assert packed.superblock_form == (2 if offsets else 1)
     assert_exact_and_batch_invariant(matmul, packed, w.dequantize())
+
+
+x8_kernel = pytest.mark.skipif(
+    not (int8_native.available() and superblock.preferred())
+    or not torch.ops.specserve.int4_int8_activations(),
+    reason="int8 activations need the AVX-512 kernels built with VNNI",
+)
+
+
+@x8_kernel
+@pytest.mark.parametrize("offsets", [False, True])
+@pytest.mark.parametrize(("n", "k"), [(37, 512), (160, 1536), (21, 192)])
+def test_int8_activations_match_their_float64_reference_and_are_batch_invariant(
+    n: int, k: int, offsets: bool
+) -> None:
+    w = k_quant(n, k, seed=n, offsets=offsets, sign=-1 if n == 37 else 1)
+    packed = pack(w, code_bits=6, superblocks=True)
+    assert_exact_and_batch_invariant(
+        matmul,
+        packed,
+        w.dequantize(),
+        reference=lambda x: int8_activation_product(x, w.dequantize(), w.offset),
+    )
+
+
+@x8_kernel
+def test_int8_activations_stay_near_the_exact_product_and_the_switch_turns_them_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    w = k_quant(64, 1536, seed=3)
+    packed = pack(w, code_bits=6, superblocks=True)
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    exact = x.double() @ w.dequantize().double().T
+    on = matmul(x.float(), packed).double()
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    off = matmul(x.float(), packed).double()
+    assert float((off - exact).norm() / exact.norm()) < 1e-5
+    assert 1e-5 < float((on - exact).norm() / exact.norm()) < 2e-2
+
+
+@x8_kernel
+def test_int8_activations_of_non_finite_groups_leave_the_other_rows_alone() -> None:
+    w = k_quant(32, 512, seed=4, offsets=True)
+    packed = pack(w, code_bits=6, superblocks=True)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x[0, 32:64] = 0.0
+    y = matmul(x.float(), packed).double()
+    ref = int8_activation_product(x, w.dequantize(), w.offset)
+    assert float((y - ref).norm() / ref.norm()) < 1e-5
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[1, 100] = bad
+        yb = matmul(xb, packed)
+        assert torch.isnan(yb[1]).all()
+        assert torch.equal(yb[[0, 2]], matmul(x, packed)[[0, 2]])
 
 
 @kernel
@@ -210,5 +273,11 @@ def test_the_default_files_q6_k_tensors_take_superblock_constants() -> None:
         assert packed.superblock_form == 1 and packed.group_size == 256
         x = torch.randn(4, w.in_features).to(torch.bfloat16)
         ref = x.double() @ blocks.dequantize()[:2048].double().T
-        y = matmul(x.float(), packed)
+        with pytest.MonkeyPatch.context() as env:  # bf16 activations: the exact products
+            env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+            y = matmul(x.float(), packed)
         assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
+        if torch.ops.specserve.int4_int8_activations():  # the int8 activations' products
+            ref8 = int8_activation_product(x, blocks.dequantize()[:2048], blocks.offset[:2048])
+            y8 = matmul(x.float(), packed)
+            assert float((y8.double() - ref8).norm() / ref8.norm()) < 1e-5

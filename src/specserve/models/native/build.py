@@ -47,6 +47,7 @@ HEADERS = (
     CSRC / "amx_tiles.h",
     CSRC / "code_pairs.h",
     CSRC / "quant_amx.h",
+    CSRC / "int8_x.h",
 )
 # The library's matmul ops (all registered once it is loaded).
 GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")

@@ -327,6 +327,30 @@ def quantised_x() -> bool:
     return available() and bool(torch.ops.specserve.int4_quantised_x())
 
 
+def int8_activations() -> bool:
+    """Whether weights with superblock constants (the K-quants: Q4_K here,
+    :mod:`int4_superblock`; Q6_K on the int8-group kernel, :mod:`superblock`) multiply int8
+    activations now: each row's inputs rounded per 32 to ``max |x| / 127`` steps (llama.cpp's
+    Q8_0 rounding) and summed against the codes in int32 (``vpdpbusd``, ``csrc/int8_x.h``), the
+    offsets' term on the exact sums of x. A verify of 3-9 rows of the gguf 1.5B costs about
+    1.3-1.4x less than on bf16 activations with ``vdpbf16ps`` (docs/benchmarks.md). The
+    default where the library was built with AVX-512 VNNI; ``SPECSERVE_INT8_ACTIVATIONS=0``
+    keeps bf16 activations (read on every call). A row's outputs are the same whatever the
+    batch either way, but differ between the two. False where the kernel is not available."""
+    return available() and bool(torch.ops.specserve.int4_int8_activations())
+
+
+def takes_int8_activations(model: torch.nn.Module) -> bool:
+    """Whether some of ``model``'s matmuls multiply int8 activations now: those of weights with
+    superblock constants (int4's ``superblock_constants``, int8-group's ``superblock_form``) on
+    the native kernels, while :func:`int8_activations` is on."""
+    packed = [getattr(m, "native", None) for m in model.modules()]
+    return int8_activations() and any(
+        getattr(p, "superblock_constants", False) or getattr(p, "superblock_form", 0)
+        for p in packed
+    )
+
+
 def amx_tiles(switched: bool = True) -> bool:
     """Whether int4 matmuls (group sizes a multiple of 32) and six-bit int8-group matmuls run
     on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS

@@ -55,6 +55,16 @@
 // where xsum[m, g] (sum of the group's bf16 inputs in fp32) is computed per row in a fixed
 // order (the same in both variants). The kernels differ only in how many tiles / rows they
 // interleave (for latency).
+// With superblock constants and AVX-512 VNNI, the AVX-512 variant multiplies int8 activations
+// instead (int8_activations() in int8_x.h: on unless SPECSERVE_INT8_ACTIVATIONS=0): each
+// row's sub-group of 32 inputs is xq * step with step = max |x| / 127 and xq = x / step
+// rounded to nearest even (quantise_x8 in int8_x.h: llama.cpp's Q8_0 rounding), and per
+// sub-group j
+//     isum = sum of q * xq (vpdpbusd, exact in int32)
+//     y = fma(s * step[m, j], float(isum), y);  y = fma(e * mo_j, xsum[m, j], y)
+// (run_block_super_x8). Twice the products an instruction of vdpbf16ps, on codes that need no
+// conversion: a verify of several rows costs less. The constants' term keeps the exact sums of
+// x. Every row's arithmetic is again fixed, so rows stay batch invariant.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -65,6 +75,7 @@
 
 #include "code_pairs.h"
 #include "int4_gemv.h"
+#include "int8_x.h"
 #include "quant_amx.h"
 #include "simd.h"
 
@@ -81,6 +92,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512BF16__) && defined(__GFNI__)
 #define SPECSERVE_INT4_AVX512 1
+#ifdef SPECSERVE_INT8_X
+#define SPECSERVE_INT4_X8 1  // int8 activations for superblock constants (vpdpbusd)
+#endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SPECSERVE_INT4_AVX2 1
 #else
@@ -138,6 +152,10 @@ struct Problem {
   bool super_constants;    // superblock constants (super_form 3), 8 groups a superblock
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
+  // Superblock constants with int8 activations (run_block_super_x8): each row's inputs as
+  // int8 per sub-group of 32, in the order x8_order gives them, and their steps.
+  const int8_t* xq = nullptr;  // [M, K]
+  const float* xstep = nullptr;  // [M, ngroups]
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -150,7 +168,7 @@ inline int64_t block_start(int64_t M, int64_t i) {
 
 // Where a weight's constants live: apart (in p.scales), inline after each group's code
 // blocks, or per superblock (run_block_super).
-enum Form { kApart = 0, kInlineForm = 1, kSuperForm = 2 };
+enum Form { kApart = 0, kInlineForm = 1, kSuperForm = 2, kSuperX8Form = 3 };
 
 #ifdef SPECSERVE_INT4_AVX512
 
@@ -338,10 +356,100 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
 
+#ifdef SPECSERVE_INT4_X8
+// As run_block_super on int8 activations (the arithmetic in the header's last paragraph): per
+// sub-group j and row m, isum = sum of q * xq over the sub-group's 32 inputs (vpdpbusd:
+// unsigned codes times signed inputs, exact in int32), then
+//     y = fma(s * xstep[m, j], float(isum), y);  y = fma(e * mo_j, xsum[m, j], y)
+// A code block's nibbles, interleaved bytewise (vpunpck{l,h}bw(lo, hi)), give in 32-bit lane i
+// the codes of row i at inputs (k0, k0 + 4, k0 + 1, k0 + 5) and (k0 + 2, k0 + 6, k0 + 3,
+// k0 + 7): quantise_x8 stores each block's 8 inputs in that order, so one broadcast 32-bit
+// word of xq is the other operand.
+template <int NT, int MR>
+void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
+  Streams<NT, MR> st(p, tile0, m0);
+  auto& [w, ahead, pf, xs, xk, y] = st;
+  (void)xk;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int32_t* xr[MR];
+  const float* xd[MR];
+  for (int m = 0; m < MR; ++m) {
+    xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
+    xd[m] = p.xstep + (m0 + m) * p.ngroups;
+  }
+  alignas(64) uint8_t codes[NT][256];
+  int64_t word = 0;  // the next block's first 32-bit word of each row's xq
+  // Two accumulators a row and tile where there are few of them (latency), one otherwise
+  // (registers): the integer sums are exact, so the bits are the same either way.
+  constexpr bool kTwo = NT * MR <= 4;
+
+  for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
+    __m512 dv[NT], ev[NT];
+    for (int t = 0; t < NT; ++t) {
+      dv[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t])));
+      ev[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32)));
+      super_codes(w[t] + kBlockBytes, codes[t]);
+      for (int64_t i = 0; i < kSuperHeader; ++i) {
+        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+        w[t] += kBlockBytes;
+      }
+    }
+    for (int64_t j = 0; j < kSuperGroups; ++j) {
+      __m512i a0[NT][MR], a1[NT][MR];
+      for (int t = 0; t < NT; ++t)
+        for (int m = 0; m < MR; ++m) {
+          a0[t][m] = _mm512_setzero_si512();
+          a1[t][m] = _mm512_setzero_si512();
+        }
+      for (int64_t b = 0; b < p.blocks_per_group; ++b, word += 2) {
+        for (int t = 0; t < NT; ++t) {
+          const __m512i raw = _mm512_loadu_si512(w[t]);
+          specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+          w[t] += kBlockBytes;
+          const __m512i lo = _mm512_and_si512(raw, low);
+          const __m512i hi = specserve_native::gf_map(raw, specserve_native::kGfShr4);
+          const __m512i c0 = _mm512_unpacklo_epi8(lo, hi), c1 = _mm512_unpackhi_epi8(lo, hi);
+          for (int m = 0; m < MR; ++m) {
+            a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c0, _mm512_set1_epi32(xr[m][word]));
+            if constexpr (kTwo) {
+              a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], c1, _mm512_set1_epi32(xr[m][word + 1]));
+            } else {
+              a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c1, _mm512_set1_epi32(xr[m][word + 1]));
+            }
+          }
+        }
+      }
+      const int64_t g = g0 + j;
+      for (int t = 0; t < NT; ++t) {
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 16 * j))));
+        const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 128 + 16 * j))));
+        const __m512 s = _mm512_mul_ps(dv[t], sc);  // exact: an fp16 times a six-bit code
+        const __m512 bias = _mm512_mul_ps(ev[t], mo);
+        for (int m = 0; m < MR; ++m) {
+          const __m512 d =
+              _mm512_cvtepi32_ps(kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m]);
+          const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xd[m][g]));
+          y[t][m] = _mm512_fmadd_ps(sx, d, y[t][m]);
+          y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
+        }
+      }
+    }
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+#endif  // SPECSERVE_INT4_X8
+
 template <int NT, int MR, int kForm>
 void run_form(const Problem& p, int64_t tile0, int64_t m0) {
   if constexpr (kForm == kSuperForm) {
     run_block_super<NT, MR>(p, tile0, m0);
+#ifdef SPECSERVE_INT4_X8
+  } else if constexpr (kForm == kSuperX8Form) {
+    run_block_super_x8<NT, MR>(p, tile0, m0);
+#endif
   } else {
     run_block<NT, MR, kForm == kInlineForm>(p, tile0, m0);
   }
@@ -941,7 +1049,20 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #ifdef SPECSERVE_INT4_AVX512
   std::vector<uint32_t> xi;
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
-  if (M > 1) {
+#ifdef SPECSERVE_INT4_X8
+  // superblock constants on int8 activations: the rows quantised, no pair interleaving
+  const bool x8 = w.super_form == 3 && specserve_native::int8_activations();
+  std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
+  std::vector<float> x8step(static_cast<size_t>(x8 ? M * ngroups : 0));
+  if (x8) {
+    specserve_native::quantise_x8(x, M, K, true, x8q.data(), x8step.data(), nullptr);
+    p.xq = x8q.data();
+    p.xstep = x8step.data();
+  }
+#else
+  constexpr bool x8 = false;
+#endif
+  if (M > 1 && !x8) {
     xi.resize(static_cast<size_t>(M * K / 2));
     specserve_native::interleave_pairs(xip, xi.data(), M, K / 2, kMaxRows);
     xip = xi.data();
@@ -1009,6 +1130,12 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
 #ifdef SPECSERVE_INT4_AVX512
     if (p.super_constants) {
+#ifdef SPECSERVE_INT4_X8
+      if (p.xq != nullptr) {
+        run_range<kSuperX8Form>(p, first, last);
+        return;
+      }
+#endif
       run_range<kSuperForm>(p, first, last);
       return;
     }
@@ -1079,6 +1206,15 @@ bool int4_quantised_x() {
 #endif
 }
 
+// Whether weights with superblock constants multiply int8 activations now (int8_activations).
+bool int4_int8_activations() {
+#ifdef SPECSERVE_INT4_X8
+  return specserve_native::int8_activations();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
@@ -1086,10 +1222,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
       "int4_gemm(Tensor x, Tensor qweight, Tensor scales, Tensor row_scale, int out_features, "
       "int group_size, int tiles=1) -> Tensor");
   m.def("int4_quantised_x() -> bool");
+  m.def("int4_int8_activations() -> bool");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("int4_gemm", TORCH_BOX(&int4_gemm)); }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
   m.impl("int4_quantised_x", TORCH_BOX(&int4_quantised_x));
+  m.impl("int4_int8_activations", TORCH_BOX(&int4_int8_activations));
 }

@@ -60,6 +60,7 @@
 #include "code_pairs.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
+#include "int8_x.h"
 #include "quant_amx.h"
 #include "simd.h"
 
@@ -117,6 +118,11 @@ struct Problem {
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t groups_per_super;  // superblock constants: 16-input sub-groups a superblock
   int64_t tile_bytes;      // bytes of one tile in qweight
+  // Superblock constants on int8 activations (run_block_super_x8): each row's inputs as int8
+  // per 32 (quantise_x8, int8_x.h), their steps and their sums per 16 inputs.
+  const int8_t* xq = nullptr;     // [M, K]
+  const float* xstep = nullptr;   // [M, K / 32]
+  const int32_t* qsum = nullptr;  // [M, K / 16]
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -772,6 +778,147 @@ struct SuperblockConstants {
   }
 };
 
+#ifdef SPECSERVE_INT8_X
+// ---- six-bit codes with superblock constants on int8 activations (AVX-512 VNNI) -------------
+//
+// run_block_super's sums on int8 activations (int8_x.h): per sub-group j of 16 inputs and
+// row m, isum = sum of u * xq over its unit (vpdpbusd of the unsigned u = code + 32 with the
+// signed xq, exact in int32), and with step the step of the 32 inputs j lies in:
+//     ys = fma(sc_j, float(isum - 32 * qsum[m, j]) * step, ys)
+//     yo = fma(mo_j, xsum[m, j], yo)                          (offsets: the exact sums of x)
+//     at the superblock's end:  y = fma(d, ys, y);  y = fma(e, yo, y)
+// One vpermb turns each block u_b of a unit (byte 16 c + i: row i, input 4 b + c) into 32-bit
+// lanes of a row's four inputs, the operand vpdpbusd takes against a broadcast word of xq.
+// Fixed per output whatever M or the thread split.
+struct QuadIndex {
+  alignas(64) uint8_t idx[64];
+};
+constexpr QuadIndex make_quad_index() {
+  QuadIndex r{};
+  for (int i = 0; i < 16; ++i)
+    for (int c = 0; c < 4; ++c) r.idx[4 * i + c] = static_cast<uint8_t>(16 * c + i);
+  return r;
+}
+inline constexpr QuadIndex kQuads = make_quad_index();
+
+using specserve_native::gf_map;
+using specserve_native::kGfShr4;
+using specserve_native::kInt8XGroup;
+
+template <int NT, int MR, bool kOffsets>
+void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
+  constexpr int64_t kHigh[4] = {0x01020000LL, 0x04080000LL, 0x10200000LL, 0x40800000LL};
+  const __m512i quads = _mm512_load_si512(kQuads.idx), low = _mm512_set1_epi8(0x0F);
+  // two accumulators a row and tile where there are few (latency), else one (registers): the
+  // integer sums are exact, so the bits are the same either way
+  constexpr bool kTwo = NT * MR <= 4;
+  const int64_t groups = p.groups_per_super;
+  const int64_t code_blocks = groups / 4;
+  const int8_t* w[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
+  const char* ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
+  const int32_t* xw[MR];
+  const float* xd[MR];
+  const int32_t* qs[MR];
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) {
+    xw[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
+    xd[m] = p.xstep + (m0 + m) * (p.K / kInt8XGroup);
+    qs[m] = p.qsum + (m0 + m) * p.ngroups;
+    xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  }
+
+  __m512 y[NT][MR];
+  zero(y);
+  const int64_t nsuper = p.ngroups / groups;
+  for (int64_t sb = 0; sb < nsuper; ++sb) {
+    const int8_t* head[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) head[t] = w[t];
+    const int64_t header = (kOffsets ? 2 : 1) + (kOffsets ? 2 : 1) * code_blocks;
+    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    __m512 ys[NT][MR], yo[NT][MR];
+    zero(ys);
+    if constexpr (kOffsets) zero(yo);
+    for (int64_t j = 0; j < groups; ++j) {
+      const int64_t g = sb * groups + j;
+      __m512i l0[NT], l1[NT], hb[NT];
+      next_unit<NT>(p, w, ahead, l0, l1, hb);
+      __m512i a0[NT][MR], a1[NT][MR];
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          a0[t][m] = _mm512_setzero_si512();
+          a1[t][m] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+      for (int b = 0; b < 4; ++b) {
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+          const __m512i src = b < 2 ? l0[t] : l1[t];
+          const __m512i nibble = b % 2 == 0 ? _mm512_and_si512(src, low) : gf_map(src, kGfShr4);
+          const __m512i u = _mm512_or_si512(nibble, gf_map(hb[t], kHigh[b]));
+          const __m512i rows = _mm512_permutexvar_epi8(quads, u);
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m) {
+            const __m512i xb = _mm512_set1_epi32(xw[m][4 * g + b]);
+            if (kTwo && b % 2 == 1) {
+              a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], rows, xb);
+            } else {
+              a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], rows, xb);
+            }
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
+        const __m512 sc = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
+          const __m512i centred = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * qs[m][g]));
+          const __m512 a =
+              _mm512_mul_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(xd[m][g / 2]));
+          ys[t][m] = _mm512_fmadd_ps(sc, a, ys[t][m]);
+        }
+        if constexpr (kOffsets) {
+          const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(codes + code_blocks * kBlockBytes))));
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m)
+            yo[t][m] = _mm512_fmadd_ps(mo, _mm512_set1_ps(xs[m][g]), yo[t][m]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t]));
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(d, ys[t][m], y[t][m]);
+      if constexpr (kOffsets) {
+        const __m512 e = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes));
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(e, yo[t][m], y[t][m]);
+      }
+    }
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+template <bool kOffsets>
+struct SuperblockConstantsX8 {
+  template <int NT, int MR>
+  static void block(const Problem& p, int64_t tile0, int64_t m0) {
+    run_block_super_x8<NT, MR, kOffsets>(p, tile0, m0);
+  }
+};
+#endif  // SPECSERVE_INT8_X
+
 template <class Kernel, int NT>
 void run_rows_dot(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
   specserve_native::with_rows<kMaxRows>(
@@ -904,6 +1051,18 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     });
     return;
   }
+#if defined(SPECSERVE_INT8_X) && defined(SPECSERVE_INT8_DOT)
+  // superblock constants on int8 activations: x quantised, no pair interleaving
+  const bool x8 = w.super_form != 0 && K % kInt8XGroup == 0 && int8_activations();
+#else
+  constexpr bool x8 = false;
+#endif
+  std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
+  std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / 32 : 0));
+  std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));
+#ifdef SPECSERVE_INT8_X
+  if (x8) quantise_x8(x, M, K, false, x8q.data(), x8step.data(), x8sum.data());
+#endif
   const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
 #ifdef __AVX512F__
   const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
@@ -914,9 +1073,9 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #endif
   // x as the kernels read it: bf16 pairs for the six-bit dot kernel, else fp32
   std::vector<float> xf(dot ? 0 : static_cast<size_t>(M * K));
-  std::vector<uint32_t> xi(dot && M > 1 ? static_cast<size_t>(M * K / 2) : 0);
+  std::vector<uint32_t> xi(dot && M > 1 && !x8 ? static_cast<size_t>(M * K / 2) : 0);
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
-  if (dot && M > 1) {
+  if (dot && M > 1 && !x8) {
     specserve_native::interleave_pairs(xip, xi.data(), M, K / 2, kMaxRows);
     xip = xi.data();
   } else if (!dot) {
@@ -941,6 +1100,11 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.blocks_per_group = w.group_size / kBlockK;  // byte-code blocks (six-bit: 4 a unit)
   p.groups_per_super = w.group_size / 16;
   p.tile_bytes = w.tile_bytes;
+  if (x8) {
+    p.xq = x8q.data();
+    p.xstep = x8step.data();
+    p.qsum = x8sum.data();
+  }
 
   // Split over N only: tasks are runs of kTileGroup-tile groups (whole groups for the 1-row
   // kernel) holding at least 128 KiB / (M + 1) of weights, so tiny layers stay on one thread.
@@ -952,6 +1116,16 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
 #ifdef SPECSERVE_INT8_DOT
     if (dot) {  // every weight with superblock constants
+#ifdef SPECSERVE_INT8_X
+      if (x8) {
+        if (w.super_form == 2) {
+          run_range_dot<SuperblockConstantsX8<true>>(p, first, last);
+        } else {
+          run_range_dot<SuperblockConstantsX8<false>>(p, first, last);
+        }
+        return;
+      }
+#endif
       switch (w.super_form) {
         case 2: run_range_dot<SuperblockConstants<true>>(p, first, last); break;
         case 1: run_range_dot<SuperblockConstants<false>>(p, first, last); break;

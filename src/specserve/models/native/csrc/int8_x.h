@@ -1,0 +1,84 @@
+// Int8 activations for the quantised matmuls on AVX-512 VNNI (int4_gemv.cpp's Q4_K kernel,
+// int8_gemv.cpp's Q6_K one): each row of x rounded per 32 inputs to int8 steps, so that a
+// weight's integer codes multiply it with vpdpbusd (64 byte products an instruction, summed
+// exactly in int32; vdpbf16ps takes 32 bf16 ones).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define SPECSERVE_INT8_X 1
+
+namespace specserve_native {
+
+constexpr int64_t kInt8XGroup = 32;  // inputs sharing one step
+
+// Whether weights with superblock constants (the K-quants' Q4_K and Q6_K) multiply int8
+// activations (the default where the build has AVX-512 VNNI) or bf16 ones
+// (SPECSERVE_INT8_ACTIVATIONS=0). Read on every call, like sweep_prefetch() in simd.h, so
+// that a benchmark can alternate both in one process; unlike it, the switch changes the
+// outputs (each row's the same way whatever the batch).
+inline bool int8_activations() {
+  const char* v = std::getenv("SPECSERVE_INT8_ACTIVATIONS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Each row of x [M, K] (bf16) as int8 per group of 32 inputs: step = max |x| / 127 (0 for an
+// all-zero group, NaN where the group holds a NaN or an infinity), xq = x / step rounded to
+// nearest even (llama.cpp's Q8_0 rounding, with an fp32 step) into xq [M, K]: in input order,
+// or with q4_order per block of 8 inputs in the order (0, 4, 1, 5, 2, 6, 3, 7) that the int4
+// kernel's code blocks pair with. With qsum16 non-null, the int32 sums of xq per 16 inputs
+// [M, K / 16]. Row by row: the same arithmetic whatever M.
+inline void quantise_x8(const uint16_t* x, int64_t M, int64_t K, bool q4_order, int8_t* xq,
+                        float* step, int32_t* qsum16) {
+  const int64_t ngroups = K / kInt8XGroup;
+  const __m128i order = q4_order
+                            ? _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
+                            : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
+  const auto load16 = [](const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  };
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const int64_t at = m * K + g * kInt8XGroup;
+      const __m512 v0 = load16(x + at), v1 = load16(x + at + 16);
+      const __m512 a0 = _mm512_and_ps(v0, abs_mask), a1 = _mm512_and_ps(v1, abs_mask);
+      // a NaN or an infinity fails the comparison
+      const bool finite = _mm512_cmp_ps_mask(a0, largest, _CMP_LE_OQ) == 0xFFFF &&
+                          _mm512_cmp_ps_mask(a1, largest, _CMP_LE_OQ) == 0xFFFF;
+      const float top = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+      int32_t* sums = qsum16 != nullptr ? qsum16 + (at / 16) : nullptr;
+      if (!finite || top == 0.0f) {
+        step[m * ngroups + g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        std::memset(xq + at, 0, kInt8XGroup);
+        if (sums != nullptr) sums[0] = sums[1] = 0;
+        continue;
+      }
+      step[m * ngroups + g] = top / 127.0f;
+      const __m512 inv = _mm512_set1_ps(127.0f / top);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));  // nearest even
+      const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + at),
+                       _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q0), order));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + at + 16),
+                       _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q1), order));
+      if (sums != nullptr) {
+        sums[0] = _mm512_reduce_add_epi32(q0);
+        sums[1] = _mm512_reduce_add_epi32(q1);
+      }
+    }
+  }
+}
+
+}  // namespace specserve_native
+
+#endif  // SPECSERVE_INT8_X
