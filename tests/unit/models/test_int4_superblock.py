@@ -167,7 +167,8 @@ x8_kernel = pytest.mark.skipif(
 
 
 def x8_reference(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    return int8_activation_product(x, w.dequantize(torch.float64), w.minimum)
+    """The codes centred on 8 meet the rounded x; the offsets, 8 scales included, the exact x."""
+    return int8_activation_product(x, w.dequantize(torch.float64), w.minimum + 8 * w.scale)
 
 
 @x8_kernel
@@ -259,6 +260,7 @@ def test_the_default_files_q4_k_tensors_take_superblock_constants() -> None:
         y = matmul(x.float(), p)
     assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
     if int4_native.int8_activations():  # and the int8 activations' products
-        ref8 = int8_activation_product(x, blocks.dequantize()[:2048], blocks.offset[:2048])
+        offsets = blocks.offset[:2048] + 8 * blocks.scale[:2048]  # the codes centred on 8
+        ref8 = int8_activation_product(x, blocks.dequantize()[:2048], offsets)
         y8 = matmul(x.float(), p)
         assert float((y8.double() - ref8).norm() / ref8.norm()) < 1e-5

@@ -60,11 +60,14 @@
 // row's sub-group of 32 inputs is xq * step with step = max |x| / 127 and xq = x / step
 // rounded to nearest even (quantise_x8 in int8_x.h: llama.cpp's Q8_0 rounding), and per
 // sub-group j
-//     isum = sum of q * xq (vpdpbusd, exact in int32)
-//     y = fma(s * step[m, j], float(isum), y);  y = fma(e * mo_j, xsum[m, j], y)
+//     isum = sum of (q - 8) * xq (vpdpbusd of q, less 8 times the sum of xq: exact in int32)
+//     y = fma(s * step[m, j], float(isum), y);  y = fma(fma(s, 8, e * mo_j), xsum[m, j], y)
 // (run_block_super_x8). Twice the products an instruction of vdpbf16ps, on codes that need no
-// conversion: a verify of several rows costs less. The constants' term keeps the exact sums of
-// x. Every row's arithmetic is again fixed, so rows stay batch invariant.
+// conversion: a verify of several rows costs less. The rounding of x meets only the centred
+// codes (q - 8), whose products' errors cancel as those of the weights themselves do; the
+// offsets' term, 8 s included, keeps the exact sums of x (with q itself, every rounding error of
+// a group would add up times 7.5 s: twice the logits' error on the 1.5B). Every row's
+// arithmetic is again fixed, so rows stay batch invariant.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -156,6 +159,7 @@ struct Problem {
   // int8 per sub-group of 32, in the order x8_order gives them, and their steps.
   const int8_t* xq = nullptr;  // [M, K]
   const float* xstep = nullptr;  // [M, ngroups]
+  const int32_t* qsum = nullptr;  // [M, K / 16]: sums of xq per 16 inputs
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -358,9 +362,9 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
 
 #ifdef SPECSERVE_INT4_X8
 // As run_block_super on int8 activations (the arithmetic in the header's last paragraph): per
-// sub-group j and row m, isum = sum of q * xq over the sub-group's 32 inputs (vpdpbusd:
-// unsigned codes times signed inputs, exact in int32), then
-//     y = fma(s * xstep[m, j], float(isum), y);  y = fma(e * mo_j, xsum[m, j], y)
+// sub-group j and row m, the sum of q * xq over the sub-group's 32 inputs (vpdpbusd: unsigned
+// codes times signed inputs, exact in int32) less 8 times the sum of xq, then
+//     y = fma(s * xstep[m, j], float(isum), y);  y = fma(fma(s, 8, e * mo_j), xsum[m, j], y)
 // A code block's nibbles, interleaved bytewise (vpunpck{l,h}bw(lo, hi)), give in 32-bit lane i
 // the codes of row i at inputs (k0, k0 + 4, k0 + 1, k0 + 5) and (k0 + 2, k0 + 6, k0 + 3,
 // k0 + 7): quantise_x8 stores each block's 8 inputs in that order, so one broadcast 32-bit
@@ -371,11 +375,14 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
   auto& [w, ahead, pf, xs, xk, y] = st;
   (void)xk;
   const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512 eight = _mm512_set1_ps(8.0f);
   const int32_t* xr[MR];
   const float* xd[MR];
+  const int32_t* qs[MR];
   for (int m = 0; m < MR; ++m) {
     xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
     xd[m] = p.xstep + (m0 + m) * p.ngroups;
+    qs[m] = p.qsum + (m0 + m) * 2 * p.ngroups;
   }
   alignas(64) uint8_t codes[NT][256];
   int64_t word = 0;  // the next block's first 32-bit word of each row's xq
@@ -426,10 +433,12 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
         const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
             _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 128 + 16 * j))));
         const __m512 s = _mm512_mul_ps(dv[t], sc);  // exact: an fp16 times a six-bit code
-        const __m512 bias = _mm512_mul_ps(ev[t], mo);
+        // the codes centred on 8: the offsets' term takes 8 s on the exact sums of x
+        const __m512 bias = _mm512_fmadd_ps(s, eight, _mm512_mul_ps(ev[t], mo));
         for (int m = 0; m < MR; ++m) {
-          const __m512 d =
-              _mm512_cvtepi32_ps(kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m]);
+          const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
+          const int32_t centre = 8 * (qs[m][2 * g] + qs[m][2 * g + 1]);
+          const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_set1_epi32(centre)));
           const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xd[m][g]));
           y[t][m] = _mm512_fmadd_ps(sx, d, y[t][m]);
           y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
@@ -1054,10 +1063,12 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const bool x8 = w.super_form == 3 && specserve_native::int8_activations();
   std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
   std::vector<float> x8step(static_cast<size_t>(x8 ? M * ngroups : 0));
+  std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));
   if (x8) {
-    specserve_native::quantise_x8(x, M, K, true, x8q.data(), x8step.data(), nullptr);
+    specserve_native::quantise_x8(x, M, K, true, x8q.data(), x8step.data(), x8sum.data());
     p.xq = x8q.data();
     p.xstep = x8step.data();
+    p.qsum = x8sum.data();
   }
 #else
   constexpr bool x8 = false;
