@@ -25,7 +25,9 @@ the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``, and ``--switch s
 the six-bit weights with superblock constants (as loaded where the CPU runs them) and with
 per-group fp16 constants, ``--switch int4-superblocks`` the same for the int4 weights (Q4_K's
 constants as stored, or per-group fp16 constants rounded from them); their sums round
-differently, so these print the largest logit difference instead.
+differently, so these print the largest logit difference instead, as does ``--switch int8-x``:
+the K-quant matmuls on int8 activations (``vpdpbusd``, the default on AVX-512 VNNI builds) and
+on bf16 ones (``SPECSERVE_INT8_ACTIVATIONS=0``).
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
@@ -42,6 +44,7 @@ differently, so these print the largest logit difference instead.
         --max-new 2
     python benchmarks/int8_group_kernel.py --part step --switch l2 --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
+    python benchmarks/int8_group_kernel.py --part step --switch int8-x --rounds 15
 
 ``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
 ``--rows`` against its 113 matmuls alone, alternating (what the rest of a step costs):
@@ -170,7 +173,17 @@ SWITCHES = {
         "one-tile runs 6 KiB ahead",
         "as far as the others",
     ),
+    "int8-x": ("SPECSERVE_INT8_ACTIVATIONS", "int8 activations", "bf16 activations"),
 }
+
+
+# settings whose sums round differently: the step prints how far apart their logits are
+ROUNDING_SWITCHES = (
+    "SPECSERVE_QUANT_AMX",
+    "SPECSERVE_INT8_ACTIVATIONS",
+    "superblocks",
+    "int4-superblocks",
+)
 
 
 def _byte_codes(p):  # type: ignore[no-untyped-def]  # an Int8Packed
@@ -333,7 +346,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
         + ", ".join(f"{t}: {ratio[t]:.2f}" for t in sizes)
         + (
             f"; identical logits: {'yes' if same else 'NO'}"
-            if env not in ("SPECSERVE_QUANT_AMX", "superblocks", "int4-superblocks")
+            if env not in ROUNDING_SWITCHES
             else f"; largest logit difference {apart:.3g}"
         )
         + f" ({rounds} rounds)"
