@@ -320,6 +320,36 @@ inline void super_codes(const uint8_t* u, uint8_t* out) {
   _mm512_storeu_si512(out + 192, _mm512_or_si512(low(l1, 4), high(6)));
 }
 
+// A superblock's header blocks of each tile (w advanced past them): the rows' factors d and e,
+// and the six-bit scale and offset codes of its sub-groups (super_codes).
+template <int NT>
+__attribute__((always_inline)) inline void super_header(const Problem& p, const uint8_t* (&w)[NT],
+                                                        const char*& ahead, int64_t pf,
+                                                        __m512 (&dv)[NT], __m512 (&ev)[NT],
+                                                        uint8_t (&codes)[NT][256]) {
+  for (int t = 0; t < NT; ++t) {
+    dv[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t])));
+    ev[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32)));
+    super_codes(w[t] + kBlockBytes, codes[t]);
+    for (int64_t i = 0; i < kSuperHeader; ++i) {
+      specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+      w[t] += kBlockBytes;
+    }
+  }
+}
+
+// Sub-group j's constants of one tile's rows: s = d * sc_j (exact: an fp16 times a six-bit code)
+// and offset = e * mo_j, from the rows' factors and the codes super_codes unpacked.
+inline void sub_group_constants(__m512 dv, __m512 ev, const uint8_t* codes, int64_t j, __m512& s,
+                                __m512& offset) {
+  const auto as_ps = [](const uint8_t* c) {
+    const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(c));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+  };
+  s = _mm512_mul_ps(dv, as_ps(codes + 16 * j));
+  offset = _mm512_mul_ps(ev, as_ps(codes + 128 + 16 * j));
+}
+
 // As run_block for superblock constants (super_form 3, the arithmetic in the header above).
 template <int NT, int MR>
 void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
@@ -330,26 +360,15 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
 
   for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
     __m512 dv[NT], ev[NT];
-    for (int t = 0; t < NT; ++t) {
-      dv[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t])));
-      ev[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32)));
-      super_codes(w[t] + kBlockBytes, codes[t]);
-      for (int64_t i = 0; i < kSuperHeader; ++i) {
-        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-        w[t] += kBlockBytes;
-      }
-    }
+    super_header<NT>(p, w, ahead, pf, dv, ev, codes);
     for (int64_t j = 0; j < kSuperGroups; ++j) {
       __m512 a0[NT][MR], a1[NT][MR];
       group_dots<NT, MR>(p, w, ahead, pf, xk, a0, a1);
       const int64_t g = g0 + j;
       for (int t = 0; t < NT; ++t) {
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 16 * j))));
-        const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 128 + 16 * j))));
-        const __m512 s = _mm512_mul_ps(dv[t], sc);  // exact: an fp16 times a six-bit code
-        const __m512 bias = _mm512_fmadd_ps(s, minus128, _mm512_mul_ps(ev[t], mo));
+        __m512 s, offset;  // s exact: an fp16 times a six-bit code
+        sub_group_constants(dv[t], ev[t], codes[t], j, s, offset);
+        const __m512 bias = _mm512_fmadd_ps(s, minus128, offset);
         for (int m = 0; m < MR; ++m) {
           y[t][m] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[t][m], a1[t][m]), y[t][m]);
           y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
@@ -392,15 +411,7 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
 
   for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
     __m512 dv[NT], ev[NT];
-    for (int t = 0; t < NT; ++t) {
-      dv[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t])));
-      ev[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32)));
-      super_codes(w[t] + kBlockBytes, codes[t]);
-      for (int64_t i = 0; i < kSuperHeader; ++i) {
-        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-        w[t] += kBlockBytes;
-      }
-    }
+    super_header<NT>(p, w, ahead, pf, dv, ev, codes);
     for (int64_t j = 0; j < kSuperGroups; ++j) {
       __m512i a0[NT][MR], a1[NT][MR];
       for (int t = 0; t < NT; ++t)
@@ -428,13 +439,10 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
       }
       const int64_t g = g0 + j;
       for (int t = 0; t < NT; ++t) {
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 16 * j))));
-        const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(codes[t] + 128 + 16 * j))));
-        const __m512 s = _mm512_mul_ps(dv[t], sc);  // exact: an fp16 times a six-bit code
+        __m512 s, offset;  // s exact: an fp16 times a six-bit code
+        sub_group_constants(dv[t], ev[t], codes[t], j, s, offset);
         // the codes centred on 8: the offsets' term takes 8 s on the exact sums of x
-        const __m512 bias = _mm512_fmadd_ps(s, eight, _mm512_mul_ps(ev[t], mo));
+        const __m512 bias = _mm512_fmadd_ps(s, eight, offset);
         for (int m = 0; m < MR; ++m) {
           const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
           const int32_t centre = 8 * (qs[m][2 * g] + qs[m][2 * g + 1]);

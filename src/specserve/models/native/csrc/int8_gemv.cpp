@@ -680,6 +680,49 @@ void run_block_dot(const Problem& p, int64_t tile0, int64_t m0) {
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
 
+// The header blocks of each tile's next superblock (w advanced past them; head: where they
+// begin): d (and e), then the sub-groups' scale (and offset) codes.
+template <int NT, bool kOffsets>
+inline void skip_super_header(const Problem& p, const int8_t* (&w)[NT], const char*& ahead,
+                              const int8_t* (&head)[NT]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) head[t] = w[t];
+  const int64_t header = (kOffsets ? 2 : 1) * (1 + p.groups_per_super / 4);
+  for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+}
+
+// The 16 int8 codes at c (a sub-group's scale or offset codes of a tile's rows) as fp32.
+inline __m512 codes_ps(const int8_t* c) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c))));
+}
+
+// yo += mo_j * xsum[m, g] for one tile's rows: mo_j the sub-group's offset codes at `mo`.
+template <int MR>
+inline void offset_term(const int8_t* mo, const float* const (&xs)[MR], int64_t g,
+                        __m512 (&yo)[MR]) {
+  const __m512 o = codes_ps(mo);
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) yo[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[m][g]), yo[m]);
+}
+
+// A superblock's end: y = fma(d, ys, y) (and fma(e, yo, y)), d and e from each tile's header.
+template <int NT, int MR, bool kOffsets>
+inline void finish_superblock(const int8_t* const (&head)[NT], const __m512 (&ys)[NT][MR],
+                              const __m512 (&yo)[NT][MR], __m512 (&y)[NT][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t]));
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(d, ys[t][m], y[t][m]);
+    if constexpr (kOffsets) {
+      const __m512 e = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes));
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(e, yo[t][m], y[t][m]);
+    }
+  }
+}
+
 // ---- six-bit codes with superblock constants ------------------------------------------------
 //
 // The K-quants' own form of the constants (superblock.py): per tile and superblock of S inputs
@@ -714,10 +757,7 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
   const int64_t nsuper = p.ngroups / groups;
   for (int64_t sb = 0; sb < nsuper; ++sb) {
     const int8_t* head[NT];
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t) head[t] = w[t];
-    const int64_t header = (kOffsets ? 2 : 1) + (kOffsets ? 2 : 1) * code_blocks;
-    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, s.ahead);
+    skip_super_header<NT, kOffsets>(p, w, s.ahead, head);
     __m512 ys[NT][MR], yo[NT][MR];
     zero(ys);
     if constexpr (kOffsets) zero(yo);
@@ -730,34 +770,17 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
         const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
-        const __m512 sc = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+        const __m512 sc = codes_ps(codes);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           const __m512 xg = _mm512_set1_ps(xs[m][g]);
           const __m512 a = _mm512_fmadd_ps(minus160, xg, _mm512_add_ps(a0[t][m], a1[t][m]));
           ys[t][m] = _mm512_fmadd_ps(sc, a, ys[t][m]);
         }
-        if constexpr (kOffsets) {
-          const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(codes + code_blocks * kBlockBytes))));
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m)
-            yo[t][m] = _mm512_fmadd_ps(mo, _mm512_set1_ps(xs[m][g]), yo[t][m]);
-        }
+        if constexpr (kOffsets) offset_term<MR>(codes + code_blocks * kBlockBytes, xs, g, yo[t]);
       }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t) {
-      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t]));
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(d, ys[t][m], y[t][m]);
-      if constexpr (kOffsets) {
-        const __m512 e = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes));
-#pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(e, yo[t][m], y[t][m]);
-      }
-    }
+    finish_superblock<NT, MR, kOffsets>(head, ys, yo, y);
   }
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
@@ -835,10 +858,7 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
   const int64_t nsuper = p.ngroups / groups;
   for (int64_t sb = 0; sb < nsuper; ++sb) {
     const int8_t* head[NT];
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t) head[t] = w[t];
-    const int64_t header = (kOffsets ? 2 : 1) + (kOffsets ? 2 : 1) * code_blocks;
-    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    skip_super_header<NT, kOffsets>(p, w, ahead, head);
     __m512 ys[NT][MR], yo[NT][MR];
     zero(ys);
     if constexpr (kOffsets) zero(yo);
@@ -876,8 +896,7 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
         const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
-        const __m512 sc = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+        const __m512 sc = codes_ps(codes);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
@@ -886,26 +905,10 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
               _mm512_mul_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(xd[m][g / 2]));
           ys[t][m] = _mm512_fmadd_ps(sc, a, ys[t][m]);
         }
-        if constexpr (kOffsets) {
-          const __m512 mo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(codes + code_blocks * kBlockBytes))));
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m)
-            yo[t][m] = _mm512_fmadd_ps(mo, _mm512_set1_ps(xs[m][g]), yo[t][m]);
-        }
+        if constexpr (kOffsets) offset_term<MR>(codes + code_blocks * kBlockBytes, xs, g, yo[t]);
       }
     }
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t) {
-      const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t]));
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(d, ys[t][m], y[t][m]);
-      if constexpr (kOffsets) {
-        const __m512 e = _mm512_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes));
-#pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) y[t][m] = _mm512_fmadd_ps(e, yo[t][m], y[t][m]);
-      }
-    }
+    finish_superblock<NT, MR, kOffsets>(head, ys, yo, y);
   }
   store_tiles<NT, MR>(p, tile0, m0, y);
 }
