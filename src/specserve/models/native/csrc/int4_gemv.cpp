@@ -156,7 +156,8 @@ struct Problem {
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
   // Superblock constants with int8 activations (run_block_super_x8): each row's inputs as
-  // int8 per sub-group of 32, in the order x8_order gives them, and their steps.
+  // int8 per sub-group of 32 (quantise_x8 in int8_x.h, in the int4 blocks' input order), their
+  // steps and their sums.
   const int8_t* xq = nullptr;  // [M, K]
   const float* xstep = nullptr;  // [M, ngroups]
   const int32_t* qsum = nullptr;  // [M, K / 16]: sums of xq per 16 inputs

@@ -36,7 +36,9 @@
 // 3 / 4 of the bytes of the same codes as bytes. The fp32 kernels unpack u_b - 32, the byte
 // code, and run exactly the arithmetic below on it: outputs bit-identical to the byte
 // layout's. Where the build has AVX-512 BF16, VBMI and GFNI, a kernel of their own computes
-// six-bit codes as bf16 pairs instead (run_block_dot: fewer instructions, other rounding).
+// six-bit codes as bf16 pairs instead (run_block_dot: fewer instructions, other rounding);
+// where it also has VNNI, those with superblock constants multiply x rounded to int8 per 32
+// inputs (run_block_super_x8, int8_x.h; SPECSERVE_INT8_ACTIVATIONS=0 keeps bf16 pairs).
 //
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
 // thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
