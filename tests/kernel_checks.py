@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 
 
@@ -46,3 +47,45 @@ def int8_activation_product(
     x_hat = (xq.double() * step.double()).view(rows, k)
     per_input = offsets.double().repeat_interleave(k // offsets.shape[1], dim=1)
     return x_hat @ (weight.double() - per_input).T + x.double() @ per_input.T
+
+
+def assert_int8_activation_edges(
+    matmul: Callable[[torch.Tensor, object], torch.Tensor],
+    packed: object,
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    k: int,
+) -> None:
+    """On int8 activations: an all-zero group of 32 inputs contributes nothing (fp32 outputs
+    within fp32 rounding of ``reference(x)``, the float64 product of the same rounding), and a
+    row holding a NaN or an infinity gives NaN outputs and leaves the other rows' bits alone."""
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x[0, 32:64] = 0.0
+    y = matmul(x.float(), packed).double()
+    ref = reference(x)
+    assert float((y - ref).norm() / ref.norm()) < 1e-5
+    for bad in (float("nan"), float("inf")):
+        xb = x.clone()
+        xb[1, 100] = bad
+        yb = matmul(xb, packed)
+        assert torch.isnan(yb[1]).all()
+        assert torch.equal(yb[[0, 2]], matmul(x, packed)[[0, 2]])
+
+
+def assert_int8_activations_switch_off(
+    matmul: Callable[[torch.Tensor, object], torch.Tensor],
+    packed: object,
+    weight: torch.Tensor,
+    env: pytest.MonkeyPatch,
+    bound: float,
+) -> None:
+    """Int8 activations (the default) stay within ``bound`` of the exact product ``x @ weight.T``
+    but not within fp32 rounding of it; ``SPECSERVE_INT8_ACTIVATIONS=0`` (set through ``env``,
+    a ``pytest.MonkeyPatch``) gives the exact product to fp32 rounding."""
+    x = torch.randn(5, weight.shape[1], generator=torch.Generator().manual_seed(2))
+    x = x.to(torch.bfloat16)
+    exact = x.double() @ weight.double().T
+    on = matmul(x.float(), packed).double()
+    env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    off = matmul(x.float(), packed).double()
+    assert float((off - exact).norm() / exact.norm()) < 1e-5
+    assert 1e-5 < float((on - exact).norm() / exact.norm()) < bound

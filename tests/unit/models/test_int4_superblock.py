@@ -16,7 +16,12 @@ from specserve.models.native import int4_native, int4_superblock, superblock
 from specserve.models.native.int4_native import Int4Packed, matmul
 from specserve.models.quant.int4_weight import Int4Weight
 from specserve.models.quant.layers import Int4Linear
-from tests.kernel_checks import assert_exact_and_batch_invariant, int8_activation_product
+from tests.kernel_checks import (
+    assert_exact_and_batch_invariant,
+    assert_int8_activation_edges,
+    assert_int8_activations_switch_off,
+    int8_activation_product,
+)
 
 kernel = pytest.mark.skipif(
     not (int4_native.available() and int4_superblock.preferred()),
@@ -189,34 +194,16 @@ def test_int8_activations_stay_near_the_exact_product_and_the_switch_turns_them_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     w = q4_k(64, 1536, seed=3)
-    p = packed(w)
-    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    exact = x.double() @ w.dequantize(torch.float64).T
-    on = matmul(x.float(), p).double()
-    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    assert_int8_activations_switch_off(
+        matmul, packed(w), w.dequantize(torch.float64), monkeypatch, 1e-2
+    )
     assert not int4_native.int8_activations()
-    off = matmul(x.float(), p).double()
-    assert float((off - exact).norm() / exact.norm()) < 1e-5
-    assert 1e-5 < float((on - exact).norm() / exact.norm()) < 1e-2
 
 
 @x8_kernel
 def test_int8_activations_of_zero_and_non_finite_groups() -> None:
-    """An all-zero sub-group contributes nothing; a row holding a NaN or an infinity gives NaN
-    outputs and leaves the other rows' bits alone."""
     w = q4_k(32, 512, seed=4)
-    p = packed(w)
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    x[0, 32:64] = 0.0
-    y = matmul(x.float(), p).double()
-    ref = x8_reference(x, w)
-    assert float((y - ref).norm() / ref.norm()) < 1e-5
-    for bad in (float("nan"), float("inf")):
-        xb = x.clone()
-        xb[1, 100] = bad
-        yb = matmul(xb, p)
-        assert torch.isnan(yb[1]).all()
-        assert torch.equal(yb[[0, 2]], matmul(x, p)[[0, 2]])
+    assert_int8_activation_edges(matmul, packed(w), lambda x: x8_reference(x, w), 512)
 
 
 @kernel

@@ -394,7 +394,6 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
   Streams<NT, MR> st(p, tile0, m0);
   auto& [w, ahead, pf, xs, xk, y] = st;
   (void)xk;
-  const __m512i low = _mm512_set1_epi8(0x0F);
   const __m512 eight = _mm512_set1_ps(8.0f);
   const int32_t* xr[MR];
   const float* xd[MR];
@@ -425,8 +424,8 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
           const __m512i raw = _mm512_loadu_si512(w[t]);
           specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
           w[t] += kBlockBytes;
-          const __m512i lo = _mm512_and_si512(raw, low);
-          const __m512i hi = specserve_native::gf_map(raw, specserve_native::kGfShr4);
+          __m512i lo, hi;
+          specserve_native::int4_block_nibbles(raw, lo, hi);
           const __m512i c0 = _mm512_unpacklo_epi8(lo, hi), c1 = _mm512_unpackhi_epi8(lo, hi);
           for (int m = 0; m < MR; ++m) {
             a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c0, _mm512_set1_epi32(xr[m][word]));

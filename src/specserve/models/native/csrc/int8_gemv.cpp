@@ -826,14 +826,33 @@ constexpr QuadIndex make_quad_index() {
 }
 inline constexpr QuadIndex kQuads = make_quad_index();
 
-using specserve_native::gf_map;
-using specserve_native::kGfShr4;
 using specserve_native::kInt8XGroup;
+using specserve_native::six_bit_block_u;
+
+// Block b of each tile's unit (six_bit_block_u) as row quads (quads: kQuads, loaded) into the
+// MR rows' int32 sums against word word0 + b of each row's xq: into a1 for odd b where kTwo.
+template <int b, int NT, int MR, bool kTwo>
+inline void block_quads(const __m512i (&l0)[NT], const __m512i (&l1)[NT], const __m512i (&hb)[NT],
+                        __m512i quads, const int32_t* const (&xw)[MR], int64_t word0,
+                        __m512i (&a0)[NT][MR], __m512i (&a1)[NT][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    const __m512i rows = _mm512_permutexvar_epi8(quads, six_bit_block_u<b>(l0[t], l1[t], hb[t]));
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      const __m512i xb = _mm512_set1_epi32(xw[m][word0 + b]);
+      if constexpr (kTwo && b % 2 == 1) {
+        a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], rows, xb);
+      } else {
+        a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], rows, xb);
+      }
+    }
+  }
+}
 
 template <int NT, int MR, bool kOffsets>
 void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
-  constexpr int64_t kHigh[4] = {0x01020000LL, 0x04080000LL, 0x10200000LL, 0x40800000LL};
-  const __m512i quads = _mm512_load_si512(kQuads.idx), low = _mm512_set1_epi8(0x0F);
+  const __m512i quads = _mm512_load_si512(kQuads.idx);
   // two accumulators a row and tile where there are few (latency), else one (registers): the
   // integer sums are exact, so the bits are the same either way
   constexpr bool kTwo = NT * MR <= 4;
@@ -876,25 +895,10 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
           a0[t][m] = _mm512_setzero_si512();
           a1[t][m] = _mm512_setzero_si512();
         }
-#pragma GCC unroll 4
-      for (int b = 0; b < 4; ++b) {
-#pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) {
-          const __m512i src = b < 2 ? l0[t] : l1[t];
-          const __m512i nibble = b % 2 == 0 ? _mm512_and_si512(src, low) : gf_map(src, kGfShr4);
-          const __m512i u = _mm512_or_si512(nibble, gf_map(hb[t], kHigh[b]));
-          const __m512i rows = _mm512_permutexvar_epi8(quads, u);
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m) {
-            const __m512i xb = _mm512_set1_epi32(xw[m][4 * g + b]);
-            if (kTwo && b % 2 == 1) {
-              a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], rows, xb);
-            } else {
-              a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], rows, xb);
-            }
-          }
-        }
-      }
+      block_quads<0, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
+      block_quads<1, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
+      block_quads<2, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
+      block_quads<3, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
         const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
@@ -1063,8 +1067,8 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   constexpr bool x8 = false;
 #endif
   std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
-  std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / 32 : 0));
-  std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));
+  std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / 32 : 0));  // a step per 32
+  std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));  // a sum per 16
 #ifdef SPECSERVE_INT8_X
   if (x8) quantise_x8(x, M, K, false, x8q.data(), x8step.data(), x8sum.data());
 #endif
