@@ -9,13 +9,21 @@ same models in the same format and dtype with the same speculation:
   at a time.
 
 For each prompt of the ``perf`` suite (chat-templated) and each side it prints the model
-time per engine step — draft + verify seconds over steps, prefill step included: in process
-from the engine's step statistics, in the server from the growth of the
-``specserve:draft_time_seconds`` and ``specserve:verify_time_seconds`` sums and count — and
-the TPOT (decode time per output token after the first, wall clock: in process around the
-steps, server from the stream), then the server / in-process ratios. A step ratio near 1.00
-says the server's steps do the same model work; a TPOT ratio near 1.00 says serving adds
-nothing between steps either. Both sides are loaded at once and each prompt is decoded in
+time — draft + verify seconds, prefill step included: in process from the engine's step
+statistics, in the server from the growth of the ``specserve:draft_time_seconds`` and
+``specserve:verify_time_seconds`` sums and count — per engine step and per output token,
+the number of steps, and the TPOT (decode time per output token after the first, wall clock:
+in process around the steps, server from the stream), then the server / in-process ratios.
+A model-time ratio near 1.00 says the server's steps do the same model work; a TPOT ratio
+near 1.00 says serving adds nothing between steps either.
+
+Per step compares like with like only where both sides take steps of the same size. With the
+adaptive controller (``--num-speculative-tokens auto``, serve's default) each side's k
+follows its own measured costs and its history of requests, so the two may split the same
+tokens into different numbers of steps (e.g. 8 steps of 5-9 tokens against 10 of 2-9): the
+per-step ratio then measures k, not the server. Model time per output token holds whatever
+k was chosen; with a fixed ``--num-speculative-tokens`` the per-step ratio holds as well.
+Both sides are loaded at once and each prompt is decoded in
 process and then through the server, ``--rounds`` times, so each pair runs seconds apart on
 a host whose speed drifts over minutes; the summary line gives the median of the pairs'
 ratios. Last, the server process's peak RSS (its VmHWM).
@@ -74,6 +82,10 @@ class Side:
     @property
     def ms_per_step(self) -> float:
         return 1e3 * self.step_s / max(self.steps, 1)
+
+    @property
+    def model_ms_per_token(self) -> float:
+        return 1e3 * self.step_s / max(self.tokens, 1)
 
     @property
     def tpot_ms(self) -> float:
@@ -221,11 +233,14 @@ def main() -> int:
         loop = Loop(local) if args.loop else None
         print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
         extra = " TPOT ms loop | in process / loop | tokens per forward loop / in process |"
-        print("| round | prompt | ms/step in process | ms/step server | server/in process | "
-              "TPOT ms in process | TPOT ms server | server/in process | tokens |"
+        print("| round | prompt | steps in process / server | ms/step in process | "
+              "ms/step server | server/in process | model ms/token in process | "
+              "model ms/token server | server/in process | TPOT ms in process | "
+              "TPOT ms server | server/in process | tokens |"
               + (extra if loop else ""))  # fmt: skip
-        print("|---" * (12 if loop else 9) + "|")
+        print("|---" * (16 if loop else 13) + "|")
         step_ratios: list[float] = []
+        token_ratios: list[float] = []
         tpot_ratios: list[float] = []
         loop_ratios: list[float] = []
         for round_ in range(1, args.rounds + 1):
@@ -234,10 +249,13 @@ def main() -> int:
                 a = local.run(ids, args.max_tokens)
                 b = through_server(srv.base_url, ids, args.max_tokens)
                 step_ratios.append(b.ms_per_step / a.ms_per_step)
+                token_ratios.append(b.model_ms_per_token / a.model_ms_per_token)
                 tpot_ratios.append(b.tpot_ms / a.tpot_ms)
                 row = (
-                    f"| {round_} | {name} | {a.ms_per_step:.1f} | {b.ms_per_step:.1f} | "
-                    f"{step_ratios[-1]:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
+                    f"| {round_} | {name} | {a.steps} / {b.steps} | {a.ms_per_step:.1f} | "
+                    f"{b.ms_per_step:.1f} | {step_ratios[-1]:.2f} | "
+                    f"{a.model_ms_per_token:.1f} | {b.model_ms_per_token:.1f} | "
+                    f"{token_ratios[-1]:.2f} | {a.tpot_ms:.1f} | {b.tpot_ms:.1f} | "
                     f"{tpot_ratios[-1]:.2f} | {a.tokens} / {b.tokens} |"
                 )
                 if c is not None:
@@ -256,6 +274,7 @@ def main() -> int:
         print(
             f"median of {len(tpot_ratios)} pairs, server / in process: "
             f"ms/step {statistics.median(step_ratios):.2f}, "
+            f"model ms/token {statistics.median(token_ratios):.2f}, "
             f"TPOT {statistics.median(tpot_ratios):.2f}"
         )
         peak = _peak_rss_gib(srv.pid)
