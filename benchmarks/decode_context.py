@@ -14,12 +14,21 @@ Comparing two versions of the code (attention kernels), run it from each checkou
     python benchmarks/decode_context.py
     python benchmarks/decode_context.py --contexts 100,300,600,1200 --steps 100
 
+``--verify T``: instead, one forward of serve's default target (the gguf 1.5B) over T new
+tokens (a verify of T - 1 drafts) and its one-token step after each context, attention
+taking the T rows' keys together (the default) and each row on its own
+(``SPECSERVE_SHARED_ATTENTION_ROWS=0``, the earlier form) in alternation, so both see the
+same machine; the two give the same bits (checked once per context):
+
+    python benchmarks/decode_context.py --verify 5 --contexts 8,800,2000 --steps 15
+
 Run it alone on the machine: it measures memory traffic.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -37,10 +46,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--contexts", default="100,300,600,1200", help="context lengths, tokens")
     ap.add_argument("--steps", type=int, default=60, help="one-token steps per model and context")
+    ap.add_argument(
+        "--verify", type=int, default=0, metavar="T",
+        help="time verifies of T tokens, attention shared and per row, instead",
+    )  # fmt: skip
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     if not contexts or min(contexts) < 1 or args.steps < 3:
         ap.error("--contexts must be positive lengths and --steps at least 3")
+    if args.verify:
+        if args.verify < 2:
+            ap.error("--verify takes at least 2 tokens")
+        return verify_part(contexts, args.steps, args.verify)
     draft = load_in_format(DRAFT, "int4", torch.bfloat16).model
     fused_layer.set_draft(draft)
     target = load_model(TARGET, dtype=torch.bfloat16).model
@@ -70,6 +87,53 @@ def main() -> int:
         print(f"| {n} | {d:.2f} (+{d - med[0]:.2f}) | {g:.1f} (+{g - med[1]:.1f}) | "
               f"{d / g:.3f} |")  # fmt: skip
     print(f"(+x: the growth over the {contexts[0]}-token context; {args.steps} steps, medians)")
+    return 0
+
+
+SWITCH = "SPECSERVE_SHARED_ATTENTION_ROWS"
+
+
+def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
+    """``--verify``: the gguf target's T-token forward with the rows' attention shared and per
+    row, alternating, and its one-token step, after each context."""
+    target = load_in_format(TARGET, "gguf", torch.bfloat16).model
+    if not fused_layer.enable(target):
+        raise SystemExit(f"the native path is off here: {fused_layer.why_not(target)}")
+    print(f"target: {fused_layer.describe(target)}")
+    new = [(11 * i + 5) % 1000 + 100 for i in range(tokens)]
+    caches = []
+    for n in contexts:
+        cache = SingleSequenceCache(target, n + tokens)
+        cache.forward([(13 * i + 7) % 1000 + 100 for i in range(n)])
+        caches.append(cache)
+
+    def forward(cache: SingleSequenceCache, n: int, ids: list[int], shared: bool):  # type: ignore[no-untyped-def]
+        os.environ[SWITCH] = "1" if shared else "0"
+        t0 = time.perf_counter()
+        logits = target.compute_logits(cache.forward(ids))
+        dt = time.perf_counter() - t0
+        cache.truncate(n)
+        return dt, logits
+
+    for n, cache in zip(contexts, caches, strict=True):
+        if not torch.equal(forward(cache, n, new, True)[1], forward(cache, n, new, False)[1]):
+            raise SystemExit(f"shared and per-row attention differ at context {n}")
+    times: dict[tuple[int, str], list[float]] = {}
+    for _ in range(steps):
+        for n, cache in zip(contexts, caches, strict=True):
+            for label, ids, shared in (
+                ("shared", new, True), ("per row", new, False), ("one token", new[:1], True)
+            ):  # fmt: skip
+                times.setdefault((n, label), []).append(forward(cache, n, ids, shared)[0])
+    os.environ.pop(SWITCH, None)
+    med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
+    print(f"| context | {tokens} tokens, rows shared ms | per row ms | per row / shared | "
+          "1 token ms |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for n in contexts:
+        a, b, c = med[(n, "shared")], med[(n, "per row")], med[(n, "one token")]
+        print(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f} | {c:.1f} |")
+    print(f"({steps} rounds, medians; the same bits either way)")
     return 0
 
 

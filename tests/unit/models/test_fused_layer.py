@@ -222,6 +222,32 @@ def test_rows_do_not_depend_on_the_batch_or_the_context_padding(fmt: str) -> Non
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_a_sequences_rows_share_their_keys_with_the_same_bits(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attention reads a block of keys once for all the rows of a sequence (the default) or
+    once per row (SPECSERVE_SHARED_ATTENTION_ROWS=0): two sequences of 5 new rows each, their
+    contexts 45 and 86 tokens (every tail length of a block of keys among the rows), give the
+    same bits either way."""
+    model = _model(fmt=fmt)
+    block = 32
+    prompts = [[(7 * i + 3) % 89 + 1 for i in range(45)], [(5 * i + 2) % 83 + 1 for i in range(86)]]
+    new = [[3, 8, 1, 5, 9], [60, 2, 9, 4, 7]]
+
+    def run() -> torch.Tensor:
+        kv = model.make_kv_cache(num_blocks=1 + 4 * len(prompts), block_size=block)
+        for i, prompt in enumerate(prompts):
+            model(torch.tensor([prompt]), _meta([(i, 0, len(prompt))], block), kv)
+        meta = _meta([(i, len(p), 5) for i, p in enumerate(prompts)], block, pad=3)
+        return model(torch.tensor(new), meta, kv)
+
+    monkeypatch.setenv("SPECSERVE_SHARED_ATTENTION_ROWS", "0")
+    alone = run()
+    monkeypatch.delenv("SPECSERVE_SHARED_ATTENTION_ROWS")
+    assert torch.equal(run(), alone)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_bad_arguments_raise_clear_errors(fmt: str) -> None:
     model = _model(fmt=fmt)
     kv = model.make_kv_cache(num_blocks=4, block_size=16)

@@ -152,109 +152,140 @@ inline void rows_to_f32(const Row& row, int64_t j0, int64_t nj, int64_t hd, floa
       _mm256_storeu_ps(out + i * hd + d, load_bf16x8(row(j0 + i) + d));
 }
 
-// Query row m, the query heads of kv head h: softmax(q k^T * scale) v over keys 0..p.
-// Each q.k is one chain of FMAs over the head's dims in order, then reduce_add; the chains of
-// kKeyBlock keys run side by side (one chain alone waits on each FMA's latency), which
-// changes no bit of a score.
-void attend(const AttentionProblem& a, int64_t m, int64_t h) {
+// Whether attention takes a sequence's query rows together (the default) or each row on its
+// own (SPECSERVE_SHARED_ATTENTION_ROWS=0, as before). Read once per layer call, so that a
+// benchmark can alternate both in one process; the two give the same bits.
+inline bool shared_attention_rows() {
+  const char* v = std::getenv("SPECSERVE_SHARED_ATTENTION_ROWS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The T query rows from m0 (of one sequence), the query heads of kv head h: softmax(q k^T * scale) v over
+// keys 0..p of each row (p its position). Each q.k is one chain of FMAs over the head's dims
+// in order, then reduce_add; the chains of kKeyBlock keys run side by side (one chain alone
+// waits on each FMA's latency), which changes no bit of a score. The rows share each block of
+// keys and values: read from the cache and converted to fp32 once for all of them (a verify's
+// rows used to read the whole context once each), and a row takes from a block only the keys
+// up to its own position, so its arithmetic is the same whatever the other rows are.
+void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const int64_t group = a.nh / a.nkv, hd = a.hd;
-  const int64_t p = a.positions[m], n = p + 1, n8 = (n + 7) / 8 * 8;
-  const int64_t* ctx = a.context_slots + (m / a.T) * a.S;
+  const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
   const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
   const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
+  int64_t n_max = 0, n8_max = 8;
+  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, a.positions[m0 + r] + 1);
+  n8_max = (n_max + 7) / 8 * 8;
+  const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
   // K rows into L1 for the q.k loop, V rows into L2 for the value loop (which pulls them
-  // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n)).
+  // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n_max)).
   const auto prefetch_keys = [&](int64_t from, int64_t to) {
-    for (int64_t j = from; j < std::min(n, to); ++j) {
+    for (int64_t j = from; j < std::min(n_max, to); ++j) {
       prefetch_row<_MM_HINT_T0>(k_row(j), hd);
       prefetch_row<_MM_HINT_T1>(v_row(j), hd);
     }
   };
-  // Per worker thread, reused across calls (no allocation per head and layer).
-  thread_local std::vector<float> q, scores, acc, block;  // block: kKeyBlock cache rows in fp32
-  q.resize(static_cast<size_t>(group * hd));
-  scores.resize(static_cast<size_t>(group * n8));
-  acc.assign(static_cast<size_t>(group * hd), 0.0f);
+  // Per worker thread, reused across calls (no allocation per head and layer): row r's head
+  // g at q[(r * group + g) * hd], its scores at scores[(r * group + g) * n8_max], its sums at
+  // acc[(r * group + g) * hd]; block: kKeyBlock cache rows in fp32.
+  thread_local std::vector<float> q, scores, acc, block;
+  q.resize(static_cast<size_t>(T * group * hd));
+  scores.resize(static_cast<size_t>(T * group * n8_max));
+  acc.assign(static_cast<size_t>(T * group * hd), 0.0f);
   block.resize(static_cast<size_t>(kKeyBlock * hd));
-  for (int64_t g = 0; g < group; ++g) {
-    const uint16_t* qr = a.qkv + m * row_stride + (h * group + g) * hd;
-    for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(&q[g * hd + d], load_bf16x8(qr + d));
-  }
-  prefetch_keys(0, kKeysAhead);
-  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-    const int64_t nj = std::min(kKeyBlock, n - j0);
-    prefetch_keys(j0 + kKeysAhead, j0 + kKeysAhead + nj);
-    float* kf = block.data();  // the block's keys in fp32, [nj, hd]
-    rows_to_f32(k_row, j0, nj, hd, kf);
+  for (int64_t r = 0; r < T; ++r)
     for (int64_t g = 0; g < group; ++g) {
-      const float* qg = &q[g * hd];
-      float* sg = &scores[g * n8 + j0];
-      if (nj == kKeyBlock) {
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (int64_t d = 0; d < hd; d += 8) {
-          const __m256 qd = _mm256_loadu_ps(qg + d);
-          s0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + d), s0);
-          s1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + hd + d), s1);
-          s2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 2 * hd + d), s2);
-          s3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 3 * hd + d), s3);
-        }
-        sg[0] = specserve_native::reduce_add(s0) * a.scale;
-        sg[1] = specserve_native::reduce_add(s1) * a.scale;
-        sg[2] = specserve_native::reduce_add(s2) * a.scale;
-        sg[3] = specserve_native::reduce_add(s3) * a.scale;
-      } else {
-        for (int64_t i = 0; i < nj; ++i) {
-          __m256 s = _mm256_setzero_ps();
-          for (int64_t d = 0; d < hd; d += 8)
-            s = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kf + i * hd + d), s);
-          sg[i] = specserve_native::reduce_add(s) * a.scale;
+      const uint16_t* qr = a.qkv + (m0 + r) * row_stride + (h * group + g) * hd;
+      float* qd = &q[(r * group + g) * hd];
+      for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(qd + d, load_bf16x8(qr + d));
+    }
+  prefetch_keys(0, kKeysAhead);
+  for (int64_t j0 = 0; j0 < n_max; j0 += kKeyBlock) {
+    const int64_t nj_max = std::min(kKeyBlock, n_max - j0);
+    prefetch_keys(j0 + kKeysAhead, j0 + kKeysAhead + nj_max);
+    float* kf = block.data();  // the block's keys in fp32, [nj_max, hd]
+    rows_to_f32(k_row, j0, nj_max, hd, kf);
+    for (int64_t r = 0; r < T; ++r) {
+      const int64_t nj = std::min(nj_max, keys_of(r) - j0);  // this row's keys of the block
+      if (nj <= 0) continue;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = &q[(r * group + g) * hd];
+        float* sg = &scores[(r * group + g) * n8_max + j0];
+        if (nj == kKeyBlock) {
+          __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+          for (int64_t d = 0; d < hd; d += 8) {
+            const __m256 qd = _mm256_loadu_ps(qg + d);
+            s0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + d), s0);
+            s1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + hd + d), s1);
+            s2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 2 * hd + d), s2);
+            s3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 3 * hd + d), s3);
+          }
+          sg[0] = specserve_native::reduce_add(s0) * a.scale;
+          sg[1] = specserve_native::reduce_add(s1) * a.scale;
+          sg[2] = specserve_native::reduce_add(s2) * a.scale;
+          sg[3] = specserve_native::reduce_add(s3) * a.scale;
+        } else {
+          for (int64_t i = 0; i < nj; ++i) {
+            __m256 s = _mm256_setzero_ps();
+            for (int64_t d = 0; d < hd; d += 8)
+              s = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kf + i * hd + d), s);
+            sg[i] = specserve_native::reduce_add(s) * a.scale;
+          }
         }
       }
     }
   }
-  const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
-  for (int64_t g = 0; g < group; ++g) {
-    float* sg = &scores[g * n8];
-    for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
-    __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
-    const __m256 top = _mm256_set1_ps(specserve_native::reduce_max(mx));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n8; j += 8) {
-      __m256 e = specserve_native::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), top));
-      if (j + 8 == n8) e = _mm256_and_ps(e, tail);  // keys past p weigh exactly 0
-      sum = _mm256_add_ps(sum, e);
-      _mm256_storeu_ps(sg + j, e);
+  for (int64_t r = 0; r < T; ++r) {
+    const int64_t n = keys_of(r), n8 = (n + 7) / 8 * 8;
+    const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
+    for (int64_t g = 0; g < group; ++g) {
+      float* sg = &scores[(r * group + g) * n8_max];
+      for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
+      __m256 mx = _mm256_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
+      const __m256 top = _mm256_set1_ps(specserve_native::reduce_max(mx));
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n8; j += 8) {
+        __m256 e = specserve_native::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), top));
+        if (j + 8 == n8) e = _mm256_and_ps(e, tail);  // keys past p weigh exactly 0
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(sg + j, e);
+      }
+      const __m256 total = _mm256_set1_ps(specserve_native::reduce_add(sum));
+      for (int64_t j = 0; j < n8; j += 8)
+        _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
     }
-    const __m256 total = _mm256_set1_ps(specserve_native::reduce_add(sum));
-    for (int64_t j = 0; j < n8; j += 8)
-      _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
   }
   // acc += p_j v_j over the keys in order, each output lane one chain of FMAs; a block's
-  // values converted to fp32 once for all the group's heads, each head's sums loaded and
+  // values converted to fp32 once for all the rows and heads, each head's sums loaded and
   // stored once per block instead of once per key.
-  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
-    const int64_t nj = std::min(kKeyBlock, n - j0);
-    for (int64_t j = j0 + kKeysAhead; j < std::min(n, j0 + kKeysAhead + nj); ++j)
+  for (int64_t j0 = 0; j0 < n_max; j0 += kKeyBlock) {
+    const int64_t nj_max = std::min(kKeyBlock, n_max - j0);
+    for (int64_t j = j0 + kKeysAhead; j < std::min(n_max, j0 + kKeysAhead + nj_max); ++j)
       prefetch_row<_MM_HINT_T0>(v_row(j), hd);
-    float* vf = block.data();  // the block's values in fp32, [nj, hd]
-    rows_to_f32(v_row, j0, nj, hd, vf);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* pg = &scores[g * n8 + j0];
-      float* o = &acc[g * hd];
-      for (int64_t d = 0; d < hd; d += 8) {
-        __m256 sum = _mm256_loadu_ps(o + d);
-        for (int64_t i = 0; i < nj; ++i)
-          sum = _mm256_fmadd_ps(_mm256_set1_ps(pg[i]), _mm256_loadu_ps(vf + i * hd + d), sum);
-        _mm256_storeu_ps(o + d, sum);
+    float* vf = block.data();  // the block's values in fp32, [nj_max, hd]
+    rows_to_f32(v_row, j0, nj_max, hd, vf);
+    for (int64_t r = 0; r < T; ++r) {
+      const int64_t nj = std::min(nj_max, keys_of(r) - j0);
+      if (nj <= 0) continue;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* pg = &scores[(r * group + g) * n8_max + j0];
+        float* o = &acc[(r * group + g) * hd];
+        for (int64_t d = 0; d < hd; d += 8) {
+          __m256 sum = _mm256_loadu_ps(o + d);
+          for (int64_t i = 0; i < nj; ++i)
+            sum = _mm256_fmadd_ps(_mm256_set1_ps(pg[i]), _mm256_loadu_ps(vf + i * hd + d), sum);
+          _mm256_storeu_ps(o + d, sum);
+        }
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    uint16_t* o = a.out + m * a.nh * hd + (h * group + g) * hd;
-    for (int64_t d = 0; d < hd; d += 8) store_bf16x8(o + d, _mm256_loadu_ps(&acc[g * hd + d]));
-  }
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t g = 0; g < group; ++g) {
+      uint16_t* o = a.out + (m0 + r) * a.nh * hd + (h * group + g) * hd;
+      const float* src = &acc[(r * group + g) * hd];
+      for (int64_t d = 0; d < hd; d += 8) store_bf16x8(o + d, _mm256_loadu_ps(src + d));
+    }
 }
 
 // gate_up [M, 2I] (gate columns first) -> out [M, I] = bf16(bf16(silu(gate)) * up) (eager),
@@ -411,8 +442,10 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   }
   AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / L.B, L.S, nh, nkv, hd,
                      static_cast<float>(std::pow(static_cast<double>(hd), -0.5))};
-  torch::stable::parallel_for(0, M * nkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) attend(a, t / nkv, t % nkv);
+  // a sequence's rows together, or each row on its own (SPECSERVE_SHARED_ATTENTION_ROWS=0)
+  const int64_t rows = shared_attention_rows() ? M / L.B : 1;
+  torch::stable::parallel_for(0, M / rows * nkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) attend(a, t / nkv * rows, rows, t % nkv);
   });
   proj.o(s.attn.data(), M, s.o.data(), f32);
   add_to(x, s.o.data(), s.x1.data(), M * H);
