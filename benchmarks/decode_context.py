@@ -14,11 +14,12 @@ Comparing two versions of the code (attention kernels), run it from each checkou
     python benchmarks/decode_context.py
     python benchmarks/decode_context.py --contexts 100,300,600,1200 --steps 100
 
-``--verify T``: instead, one forward of serve's default target (the gguf 1.5B) over T new
-tokens (a verify of T - 1 drafts) and its one-token step after each context, attention
-taking the T rows' keys together (the default) and each row on its own
-(``SPECSERVE_SHARED_ATTENTION_ROWS=0``, the earlier form) in alternation, so both see the
-same machine; the two give the same bits (checked once per context):
+``--verify T``: instead, serve's default pair as served (the gguf 1.5B target, the int4 0.5B
+draft marked as a draft) after each context, each model's forward over T new tokens (a
+verify of T - 1 drafts) and over one token, with the fused layers' attention as it runs
+(the default) and in its earlier form (``SPECSERVE_FAST_ATTENTION=0``: each query row on its
+own, blocks of 4 keys, one value register's chain after the other) in alternation, so both
+see the same machine; the two give the same bits (checked once per model and context):
 
     python benchmarks/decode_context.py --verify 5 --contexts 8,800,2000 --steps 15
 
@@ -48,7 +49,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60, help="one-token steps per model and context")
     ap.add_argument(
         "--verify", type=int, default=0, metavar="T",
-        help="time verifies of T tokens, attention shared and per row, instead",
+        help="time T-token and one-token forwards, attention fast and earlier, instead",
     )  # fmt: skip
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -90,49 +91,57 @@ def main() -> int:
     return 0
 
 
-SWITCH = "SPECSERVE_SHARED_ATTENTION_ROWS"
+SWITCH = "SPECSERVE_FAST_ATTENTION"
 
 
 def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
-    """``--verify``: the gguf target's T-token forward with the rows' attention shared and per
-    row, alternating, and its one-token step, after each context."""
+    """``--verify``: each model's T-token and one-token forwards with the attention fast and in
+    its earlier form, alternating, after each context."""
     target = load_in_format(TARGET, "gguf", torch.bfloat16).model
-    if not fused_layer.enable(target):
-        raise SystemExit(f"the native path is off here: {fused_layer.why_not(target)}")
-    print(f"target: {fused_layer.describe(target)}")
+    draft = load_in_format(DRAFT, "int4", torch.bfloat16).model
+    fused_layer.set_draft(draft)
+    for model in (target, draft):
+        if not fused_layer.enable(model):
+            raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
+    print(f"target: {fused_layer.describe(target)}; draft: {fused_layer.describe(draft)}")
     new = [(11 * i + 5) % 1000 + 100 for i in range(tokens)]
-    caches = []
-    for n in contexts:
-        cache = SingleSequenceCache(target, n + tokens)
-        cache.forward([(13 * i + 7) % 1000 + 100 for i in range(n)])
-        caches.append(cache)
+    cases = []
+    for label, model in (("target", target), ("draft", draft)):
+        for n in contexts:
+            cache = SingleSequenceCache(model, n + tokens)
+            cache.forward([(13 * i + 7) % 1000 + 100 for i in range(n)])
+            cases.append((label, n, cache))
 
-    def forward(cache: SingleSequenceCache, n: int, ids: list[int], shared: bool):  # type: ignore[no-untyped-def]
-        os.environ[SWITCH] = "1" if shared else "0"
+    def forward(cache: SingleSequenceCache, n: int, ids: list[int], fast: bool):  # type: ignore[no-untyped-def]
+        os.environ[SWITCH] = "1" if fast else "0"
         t0 = time.perf_counter()
-        logits = target.compute_logits(cache.forward(ids))
+        logits = cache.model.compute_logits(cache.forward(ids))
         dt = time.perf_counter() - t0
         cache.truncate(n)
         return dt, logits
 
-    for n, cache in zip(contexts, caches, strict=True):
-        if not torch.equal(forward(cache, n, new, True)[1], forward(cache, n, new, False)[1]):
-            raise SystemExit(f"shared and per-row attention differ at context {n}")
-    times: dict[tuple[int, str], list[float]] = {}
+    for label, n, cache in cases:
+        for ids in (new, new[:1]):
+            if not torch.equal(forward(cache, n, ids, True)[1], forward(cache, n, ids, False)[1]):
+                raise SystemExit(f"the two attention forms differ: {label}, context {n}")
+    times: dict[tuple[str, int, int, bool], list[float]] = {}
     for _ in range(steps):
-        for n, cache in zip(contexts, caches, strict=True):
-            for label, ids, shared in (
-                ("shared", new, True), ("per row", new, False), ("one token", new[:1], True)
-            ):  # fmt: skip
-                times.setdefault((n, label), []).append(forward(cache, n, ids, shared)[0])
+        for label, n, cache in cases:
+            for ids in (new, new[:1]):
+                for fast in (True, False):
+                    key = (label, n, len(ids), fast)
+                    times.setdefault(key, []).append(forward(cache, n, ids, fast)[0])
     os.environ.pop(SWITCH, None)
     med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
-    print(f"| context | {tokens} tokens, rows shared ms | per row ms | per row / shared | "
-          "1 token ms |")  # fmt: skip
-    print("|---|---|---|---|---|")
-    for n in contexts:
-        a, b, c = med[(n, "shared")], med[(n, "per row")], med[(n, "one token")]
-        print(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f} | {c:.1f} |")
+    print(f"| model | context | {tokens} tokens ms | earlier ms | earlier / now | "
+          "1 token ms | earlier ms | earlier / now |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for label, n, _ in cases:
+        cells = []
+        for t in (tokens, 1):
+            a, b = med[(label, n, t, True)], med[(label, n, t, False)]
+            cells.append(f"{a:.1f} | {b:.1f} | {b / a:.2f}")
+        print(f"| {label} | {n} | {' | '.join(cells)} |")
     print(f"({steps} rounds, medians; the same bits either way)")
     return 0
 

@@ -222,11 +222,12 @@ def test_rows_do_not_depend_on_the_batch_or_the_context_padding(fmt: str) -> Non
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_sequences_rows_share_their_keys_with_the_same_bits(
+def test_attention_in_its_earlier_form_gives_the_same_bits(
     fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Attention reads a block of keys once for all the rows of a sequence (the default) or
-    once per row (SPECSERVE_SHARED_ATTENTION_ROWS=0): two sequences of 5 new rows each, their
+    """The fused layers' attention reads a block of keys once for all the rows of a sequence
+    and runs its chains side by side; its earlier form (SPECSERVE_FAST_ATTENTION=0) took each
+    row on its own and ran them one after another: two sequences of 5 new rows each, their
     contexts 45 and 86 tokens (every tail length of a block of keys among the rows), give the
     same bits either way."""
     model = _model(fmt=fmt)
@@ -241,10 +242,10 @@ def test_a_sequences_rows_share_their_keys_with_the_same_bits(
         meta = _meta([(i, len(p), 5) for i, p in enumerate(prompts)], block, pad=3)
         return model(torch.tensor(new), meta, kv)
 
-    monkeypatch.setenv("SPECSERVE_SHARED_ATTENTION_ROWS", "0")
-    alone = run()
-    monkeypatch.delenv("SPECSERVE_SHARED_ATTENTION_ROWS")
-    assert torch.equal(run(), alone)
+    monkeypatch.setenv("SPECSERVE_FAST_ATTENTION", "0")
+    earlier = run()
+    monkeypatch.delenv("SPECSERVE_FAST_ATTENTION")
+    assert torch.equal(run(), earlier)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -130,13 +130,14 @@ struct AttentionProblem {
   uint16_t* out;  // [M, nh hd]
   int64_t T, S, nh, nkv, hd;
   float scale;
+  bool fast;  // fast_attention()
 };
 
 // Keys ahead whose K and V rows attend() prefetches: the cache rows of a layer come from
 // memory (the weight stream evicts them between steps), and without it the loops waited on
 // each key's lines in turn.
 constexpr int64_t kKeysAhead = 8;
-constexpr int64_t kKeyBlock = 4;  // keys whose q.k dot products run interleaved
+constexpr int64_t kKeyBlock = 8;  // keys whose q.k chains run side by side
 
 template <int Hint>
 inline void prefetch_row(const uint16_t* row, int64_t hd) {
@@ -152,21 +153,89 @@ inline void rows_to_f32(const Row& row, int64_t j0, int64_t nj, int64_t hd, floa
       _mm256_storeu_ps(out + i * hd + d, load_bf16x8(row(j0 + i) + d));
 }
 
-// Whether attention takes a sequence's query rows together (the default) or each row on its
-// own (SPECSERVE_SHARED_ATTENTION_ROWS=0, as before). Read once per layer call, so that a
-// benchmark can alternate both in one process; the two give the same bits.
-inline bool shared_attention_rows() {
-  const char* v = std::getenv("SPECSERVE_SHARED_ATTENTION_ROWS");
+// The q.k scores (times scale) of one query head qg against NK keys (fp32 rows kf, [NK, hd]):
+// each one chain of FMAs over the head's dims in order, 8 lanes wide, then reduce_add. The
+// NK chains run side by side: alone, each would wait on its FMAs' latency.
+template <int NK>
+inline void score_keys(const float* qg, const float* kf, int64_t hd, float scale, float* sg) {
+  __m256 s[NK];
+  for (int i = 0; i < NK; ++i) s[i] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < hd; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(qg + d);
+    for (int i = 0; i < NK; ++i) s[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + i * hd + d), s[i]);
+  }
+  for (int i = 0; i < NK; ++i) sg[i] = specserve_native::reduce_add(s[i]) * scale;
+}
+
+inline void score_block(const float* qg, const float* kf, int64_t nj, int64_t hd, float scale,
+                        float* sg) {
+  switch (nj) {
+    case 8: return score_keys<8>(qg, kf, hd, scale, sg);
+    case 7: return score_keys<7>(qg, kf, hd, scale, sg);
+    case 6: return score_keys<6>(qg, kf, hd, scale, sg);
+    case 5: return score_keys<5>(qg, kf, hd, scale, sg);
+    case 4: return score_keys<4>(qg, kf, hd, scale, sg);
+    case 3: return score_keys<3>(qg, kf, hd, scale, sg);
+    case 2: return score_keys<2>(qg, kf, hd, scale, sg);
+    default: return score_keys<1>(qg, kf, hd, scale, sg);
+  }
+}
+
+// o [C * 8] += the weights pg [nj] times nj fp32 value rows (vf, [nj, C * 8]): each output
+// lane one chain of FMAs over the keys in order, the C registers' chains side by side (one
+// register's alone waits on each FMA's latency).
+template <int C>
+inline void add_values(const float* pg, const float* vf, int64_t nj, float* o) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(o + 8 * c);
+  for (int64_t i = 0; i < nj; ++i) {
+    const __m256 w = _mm256_set1_ps(pg[i]);
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vf + i * C * 8 + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
+// o [hd] += pg [nj] times vf [nj, hd] as add_values, one register's chain after the other:
+// the earlier form (SPECSERVE_FAST_ATTENTION=0), each chain waiting on its FMAs' latency.
+inline void add_values_serial(const float* pg, const float* vf, int64_t nj, int64_t hd, float* o) {
+  for (int64_t d = 0; d < hd; d += 8) {
+    __m256 sum = _mm256_loadu_ps(o + d);
+    for (int64_t i = 0; i < nj; ++i)
+      sum = _mm256_fmadd_ps(_mm256_set1_ps(pg[i]), _mm256_loadu_ps(vf + i * hd + d), sum);
+    _mm256_storeu_ps(o + d, sum);
+  }
+}
+
+inline void add_value_block(const float* pg, const float* vf, int64_t nj, int64_t hd, float* o) {
+  switch (hd) {
+    case 128: return add_values<16>(pg, vf, nj, o);
+    case 64: return add_values<8>(pg, vf, nj, o);
+    case 32: return add_values<4>(pg, vf, nj, o);
+    case 16: return add_values<2>(pg, vf, nj, o);
+    default: return add_values_serial(pg, vf, nj, hd, o);  // the same chains, one at a time
+  }
+}
+
+// Whether attention runs as below (the default) or in its earlier form
+// (SPECSERVE_FAST_ATTENTION=0: each query row on its own, blocks of 4 keys, the value
+// registers' chains one after the other). Read once per layer call, so that a benchmark can
+// alternate both in one process; the two give the same bits.
+inline bool fast_attention() {
+  const char* v = std::getenv("SPECSERVE_FAST_ATTENTION");
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// The T query rows from m0 (of one sequence), the query heads of kv head h: softmax(q k^T * scale) v over
-// keys 0..p of each row (p its position). Each q.k is one chain of FMAs over the head's dims
-// in order, then reduce_add; the chains of kKeyBlock keys run side by side (one chain alone
-// waits on each FMA's latency), which changes no bit of a score. The rows share each block of
-// keys and values: read from the cache and converted to fp32 once for all of them (a verify's
-// rows used to read the whole context once each), and a row takes from a block only the keys
-// up to its own position, so its arithmetic is the same whatever the other rows are.
+// The T query rows from m0 (of one sequence), the query heads of kv head h: softmax(q k^T *
+// scale) v over keys 0..p of each row (p its position). Each q.k is one chain of FMAs over the
+// head's dims in order, then reduce_add (score_keys: the chains of a block's kKeyBlock keys
+// side by side), and each output lane one chain of FMAs over the keys in order (add_values:
+// a head's value registers side by side); which chains share the machine changes no bit. The
+// rows share each block of keys and values: read from the cache and converted to fp32 once
+// for all of them (a verify's rows used to read the whole context once each), and a row
+// takes from a block only the keys up to its own position, so its arithmetic is the same
+// whatever the other rows are. With a.fast off (fast_attention), the earlier form: T = 1 per
+// call, blocks of 4 keys, the value registers one after the other; the same bits, slower.
 void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const int64_t group = a.nh / a.nkv, hd = a.hd;
   const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
@@ -187,7 +256,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   };
   // Per worker thread, reused across calls (no allocation per head and layer): row r's head
   // g at q[(r * group + g) * hd], its scores at scores[(r * group + g) * n8_max], its sums at
-  // acc[(r * group + g) * hd]; block: kKeyBlock cache rows in fp32.
+  // acc[(r * group + g) * hd]; block: up to kKeyBlock cache rows in fp32.
   thread_local std::vector<float> q, scores, acc, block;
   q.resize(static_cast<size_t>(T * group * hd));
   scores.resize(static_cast<size_t>(T * group * n8_max));
@@ -200,8 +269,9 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(qd + d, load_bf16x8(qr + d));
     }
   prefetch_keys(0, kKeysAhead);
-  for (int64_t j0 = 0; j0 < n_max; j0 += kKeyBlock) {
-    const int64_t nj_max = std::min(kKeyBlock, n_max - j0);
+  const int64_t kb = a.fast ? kKeyBlock : 4;
+  for (int64_t j0 = 0; j0 < n_max; j0 += kb) {
+    const int64_t nj_max = std::min(kb, n_max - j0);
     prefetch_keys(j0 + kKeysAhead, j0 + kKeysAhead + nj_max);
     float* kf = block.data();  // the block's keys in fp32, [nj_max, hd]
     rows_to_f32(k_row, j0, nj_max, hd, kf);
@@ -211,26 +281,12 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       for (int64_t g = 0; g < group; ++g) {
         const float* qg = &q[(r * group + g) * hd];
         float* sg = &scores[(r * group + g) * n8_max + j0];
-        if (nj == kKeyBlock) {
-          __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-          for (int64_t d = 0; d < hd; d += 8) {
-            const __m256 qd = _mm256_loadu_ps(qg + d);
-            s0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + d), s0);
-            s1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + hd + d), s1);
-            s2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 2 * hd + d), s2);
-            s3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kf + 3 * hd + d), s3);
-          }
-          sg[0] = specserve_native::reduce_add(s0) * a.scale;
-          sg[1] = specserve_native::reduce_add(s1) * a.scale;
-          sg[2] = specserve_native::reduce_add(s2) * a.scale;
-          sg[3] = specserve_native::reduce_add(s3) * a.scale;
+        if (a.fast) {
+          score_block(qg, kf, nj, hd, a.scale, sg);
+        } else if (nj == 4) {
+          score_keys<4>(qg, kf, hd, a.scale, sg);
         } else {
-          for (int64_t i = 0; i < nj; ++i) {
-            __m256 s = _mm256_setzero_ps();
-            for (int64_t d = 0; d < hd; d += 8)
-              s = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d), _mm256_loadu_ps(kf + i * hd + d), s);
-            sg[i] = specserve_native::reduce_add(s) * a.scale;
-          }
+          for (int64_t i = 0; i < nj; ++i) score_keys<1>(qg, kf + i * hd, hd, a.scale, sg + i);
         }
       }
     }
@@ -259,8 +315,8 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   // acc += p_j v_j over the keys in order, each output lane one chain of FMAs; a block's
   // values converted to fp32 once for all the rows and heads, each head's sums loaded and
   // stored once per block instead of once per key.
-  for (int64_t j0 = 0; j0 < n_max; j0 += kKeyBlock) {
-    const int64_t nj_max = std::min(kKeyBlock, n_max - j0);
+  for (int64_t j0 = 0; j0 < n_max; j0 += kb) {
+    const int64_t nj_max = std::min(kb, n_max - j0);
     for (int64_t j = j0 + kKeysAhead; j < std::min(n_max, j0 + kKeysAhead + nj_max); ++j)
       prefetch_row<_MM_HINT_T0>(v_row(j), hd);
     float* vf = block.data();  // the block's values in fp32, [nj_max, hd]
@@ -271,11 +327,10 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       for (int64_t g = 0; g < group; ++g) {
         const float* pg = &scores[(r * group + g) * n8_max + j0];
         float* o = &acc[(r * group + g) * hd];
-        for (int64_t d = 0; d < hd; d += 8) {
-          __m256 sum = _mm256_loadu_ps(o + d);
-          for (int64_t i = 0; i < nj; ++i)
-            sum = _mm256_fmadd_ps(_mm256_set1_ps(pg[i]), _mm256_loadu_ps(vf + i * hd + d), sum);
-          _mm256_storeu_ps(o + d, sum);
+        if (a.fast) {
+          add_value_block(pg, vf, nj, hd, o);
+        } else {
+          add_values_serial(pg, vf, nj, hd, o);
         }
       }
     }
@@ -441,9 +496,10 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
     std::memcpy(vc + slot[m] * nkv * hd, row + (nh + nkv) * hd, nkv * hd * sizeof(uint16_t));
   }
   AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / L.B, L.S, nh, nkv, hd,
-                     static_cast<float>(std::pow(static_cast<double>(hd), -0.5))};
-  // a sequence's rows together, or each row on its own (SPECSERVE_SHARED_ATTENTION_ROWS=0)
-  const int64_t rows = shared_attention_rows() ? M / L.B : 1;
+                     static_cast<float>(std::pow(static_cast<double>(hd), -0.5)),
+                     fast_attention()};
+  // a sequence's rows together, or (the earlier form) each row on its own
+  const int64_t rows = a.fast ? M / L.B : 1;
   torch::stable::parallel_for(0, M / rows * nkv, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) attend(a, t / nkv * rows, rows, t % nkv);
   });
