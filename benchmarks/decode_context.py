@@ -43,6 +43,11 @@ from specserve.models.native import fused_layer
 DRAFT, TARGET = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 
 
+def context_ids(n: int) -> list[int]:
+    """The ``n`` token ids every model and form decodes after (the same at every context)."""
+    return [(13 * i + 7) % 1000 + 100 for i in range(n)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--contexts", default="100,300,600,1200", help="context lengths, tokens")
@@ -69,7 +74,7 @@ def main() -> int:
     # so that the growth with the context compares steps taken seconds apart.
     pairs: list[tuple[int, SingleSequenceCache, list[float]]] = []
     for n in contexts:
-        ids = [(13 * i + 7) % 1000 + 100 for i in range(n)]
+        ids = context_ids(n)
         for model in (draft, target):
             cache = SingleSequenceCache(model, n + 8)
             cache.forward(ids)
@@ -109,7 +114,7 @@ def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
     for label, model in (("target", target), ("draft", draft)):
         for n in contexts:
             cache = SingleSequenceCache(model, n + tokens)
-            cache.forward([(13 * i + 7) % 1000 + 100 for i in range(n)])
+            cache.forward(context_ids(n))
             cases.append((label, n, cache))
 
     def forward(cache: SingleSequenceCache, n: int, ids: list[int], fast: bool):  # type: ignore[no-untyped-def]

@@ -23,10 +23,11 @@ follows its own measured costs and its history of requests, so the two may split
 tokens into different numbers of steps (e.g. 8 steps of 5-9 tokens against 10 of 2-9): the
 per-step ratio then measures k, not the server. Model time per output token holds whatever
 k was chosen; with a fixed ``--num-speculative-tokens`` the per-step ratio holds as well.
-Both sides are loaded at once and each prompt is decoded in
-process and then through the server, ``--rounds`` times, so each pair runs seconds apart on
-a host whose speed drifts over minutes; the summary line gives the median of the pairs'
-ratios. Last, the server process's peak RSS (its VmHWM).
+
+Both sides are loaded at once and each prompt is decoded in process and then through the
+server, ``--rounds`` times, so each pair runs seconds apart on a host whose speed drifts over
+minutes; the summary line gives the median of the pairs' ratios. Last, the server process's
+peak RSS (its VmHWM).
 
 With ``--loop``, a third side decodes each prompt just before the other two: the batch-1
 loop ``specserve perf`` times (``spec_decode/speculative_loop.py``, or the plain loop), on

@@ -228,11 +228,11 @@ def test_attention_in_its_earlier_form_gives_the_same_bits(
     """The fused layers' attention reads a block of keys once for all the rows of a sequence
     and runs its chains side by side; its earlier form (SPECSERVE_FAST_ATTENTION=0) took each
     row on its own and ran them one after another: two sequences of 5 new rows each, their
-    contexts 45 and 86 tokens (every tail length of a block of keys among the rows), give the
-    same bits either way."""
+    contexts 47 and 84 tokens (the rows' key counts 48-52 and 85-89 leave every remainder
+    modulo a block of 8 keys, and of 4), give the same bits either way."""
     model = _model(fmt=fmt)
     block = 32
-    prompts = [[(7 * i + 3) % 89 + 1 for i in range(45)], [(5 * i + 2) % 83 + 1 for i in range(86)]]
+    prompts = [[(7 * i + 3) % 89 + 1 for i in range(47)], [(5 * i + 2) % 83 + 1 for i in range(84)]]
     new = [[3, 8, 1, 5, 9], [60, 2, 9, 4, 7]]
 
     def run() -> torch.Tensor:

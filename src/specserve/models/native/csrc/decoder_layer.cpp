@@ -242,10 +242,10 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
   const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
   const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
-  int64_t n_max = 0, n8_max = 8;
-  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, a.positions[m0 + r] + 1);
-  n8_max = (n_max + 7) / 8 * 8;
   const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
+  int64_t n_max = 0;
+  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
+  const int64_t n8_max = (n_max + 7) / 8 * 8;
   // K rows into L1 for the q.k loop, V rows into L2 for the value loop (which pulls them
   // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n_max)).
   const auto prefetch_keys = [&](int64_t from, int64_t to) {
