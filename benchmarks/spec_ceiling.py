@@ -5,7 +5,8 @@ forward (the previous step's last draft and its bonus token), k - 1 one-token dr
 and one target forward over k + 1 tokens, and yields k + 1 tokens. This measures those
 forwards for serve's default pair on the GGUF file (the target in the ``gguf`` format, the
 draft in the format ``serve`` picks beside it, x in int8 for its one-row int4 calls where
-serve does that) and llama.cpp's plain decode of the same file, alternated round by round in
+serve does that, its greedy LM head screened where serve screens it) and llama.cpp's plain
+decode of the same file, alternated round by round in
 one process, at the context of a real prompt and its first tokens. It prints, per k, the ms
 per token at full acceptance and that rate against llama.cpp plain: **the ceiling of any
 draft-model arm of** ``specserve perf`` **at that k** (a run accepts less than everything, so
@@ -32,7 +33,7 @@ from specserve.loading.quant_cache import load_model_with_weights
 from specserve.loading.transport import fetch
 from specserve.models.decoder import DecoderLM
 from specserve.models.fast_path import optimize_for_decode
-from specserve.models.native import fused_layer
+from specserve.models.native import fused_layer, head_screen
 from specserve.perf.main import draft_format_beside
 from specserve.perf.options import PROMPT_SUITE
 from specserve.perf.worker_arms import start_llamacpp
@@ -44,11 +45,16 @@ def _forward_ms(
     model: DecoderLM, cache: SingleSequenceCache, base: int, ids: list[int], last_only: bool
 ) -> float:
     """One forward of ``ids`` after the first ``base`` cached tokens, in ms, with the logits of
-    every row (as a verify computes them) or of the last (as a draft forward does)."""
+    every row (as a verify computes them) or, as a greedy draft forward does, the top token
+    of the last (through the screened head where the draft has one: head_screen.py)."""
     cache.truncate(base)
     t0 = time.perf_counter()
     hidden = cache.forward(ids)
-    model.compute_logits(hidden[-1:] if last_only else hidden)
+    screen = head_screen.for_head(model.lm_head) if last_only else None
+    if screen is not None:
+        head_screen.greedy(hidden[-1:], screen, model.cfg.vocab_size)
+    else:
+        model.compute_logits(hidden[-1:] if last_only else hidden)
     return (time.perf_counter() - t0) * 1e3
 
 

@@ -22,7 +22,7 @@ from specserve.loading.spec_heads import (
 from specserve.models.decoder import DecoderLM
 from specserve.models.layer_drop import keep_first_layers
 from specserve.models.medusa import MedusaHeads
-from specserve.models.native import fused_layer
+from specserve.models.native import fused_layer, head_screen
 from specserve.spec_decode.draft_model import check_vocab_compatible
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
@@ -192,8 +192,10 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if draft is not None and config.spec.enabled:
         threshold = config.spec.draft_confidence_threshold
         engine.model_info["draft_confidence_threshold"] = str(threshold)
+        engine.model_info["draft_greedy_head"] = head_screen.describe(draft.lm_head)
         logger.info(
-            "draft confidence stop: %s",
+            "draft confidence stop: %s; greedy draft LM head: %s",
             f"after a token drafted below p = {threshold:g}" if threshold > 0 else "off",
+            engine.model_info["draft_greedy_head"],
         )
     return engine

@@ -27,6 +27,8 @@ import torch
 
 from specserve.models.cache_tensors import KVCacheTensors
 from specserve.models.decoder import AttentionMetadata, DecoderLM
+from specserve.models.native import head_screen
+from specserve.models.native.env_switch import switched_off
 from specserve.sampling.sampler import logits_to_probs
 from specserve.spec_decode.proposer import Proposal, ProposeInput
 
@@ -137,6 +139,10 @@ class DraftModelProposer:
         # the top probability of each drafted token's distribution.
         self.last_num_forwards = 0
         self.last_confidences: list[list[float]] = []
+        # A greedy draft's LM head screened in two-bit codes (None: the full head).
+        self.head_screen = (
+            head_screen.for_head(model.lm_head) if model.device.type == "cpu" else None
+        )
 
     def release(self, request_id: str) -> None:
         lane = self._lanes.pop(request_id, None)
@@ -192,8 +198,8 @@ class DraftModelProposer:
             del lane.tokens[keep:]  # rollback: forget positions >= keep
             feeds[i] = tokens[keep:]
         self.last_catch_up_tokens = max(len(feed) for feed in feeds.values())
-        logits = self._forward(lanes, feeds)
-        self._sample(batch, active, logits, drafts, probs)
+        hidden = self._forward(lanes, feeds)
+        self._sample(batch, active, hidden, drafts, probs)
 
         # Draft the remaining tokens, one forward each over the requests that still want more
         # and whose latest draft token was confident enough.
@@ -202,8 +208,8 @@ class DraftModelProposer:
             active = [i for i in active if ks[i] > step and conf[i][-1] >= threshold]
             if not active:
                 break
-            logits = self._forward(lanes, {i: [drafts[i][-1]] for i in active})
-            self._sample(batch, active, logits, drafts, probs)
+            hidden = self._forward(lanes, {i: [drafts[i][-1]] for i in active})
+            self._sample(batch, active, hidden, drafts, probs)
 
         return [
             Proposal(d, torch.stack(p) if p else None) if d else Proposal([])
@@ -211,8 +217,8 @@ class DraftModelProposer:
         ]
 
     def _forward(self, lanes: dict[int, _Lane], feeds: dict[int, list[int]]) -> torch.Tensor:
-        """Append ``feeds[i]`` to lane i, all in one padded forward; returns the draft logits
-        after each lane's last new token, ``# [len(feeds), target_vocab_size]``."""
+        """Append ``feeds[i]`` to lane i, all in one padded forward; returns the draft's hidden
+        state after each lane's last new token, ``# [len(feeds), hidden]``."""
         order = list(feeds)
         device = self.model.device
         num_new = [len(feeds[i]) for i in order]
@@ -235,8 +241,7 @@ class DraftModelProposer:
         hidden = self.model(ids.to(device), meta, self.kv)  # [B, T, hidden]
         self.last_num_forwards += 1
         last = torch.tensor(num_new, device=device) - 1
-        logits = self.model.compute_logits(hidden[torch.arange(len(order), device=device), last])
-        return self._to_target_vocab(logits)  # [B, target_vocab]
+        return hidden[torch.arange(len(order), device=device), last]
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """``# [B, draft_vocab]`` -> ``# [B, target_vocab]``: padding rows are cut off or
@@ -251,26 +256,43 @@ class DraftModelProposer:
         self,
         batch: Sequence[ProposeInput],
         active: list[int],
-        logits: torch.Tensor,
+        hidden: torch.Tensor,
         drafts: list[list[int]],
         probs: list[list[torch.Tensor]],
     ) -> None:
-        """Append one draft token per active request (``logits # [len(active), vocab]``) and
-        its distribution's top probability to ``last_confidences``."""
+        """Append one draft token per active request (``hidden # [len(active), hidden]``, the
+        draft's last hidden states) and its distribution's top probability to
+        ``last_confidences``."""
         greedy_rows = [r for r, i in enumerate(active) if batch[i].params.greedy]
         if greedy_rows:
-            greedy = logits[greedy_rows].float()  # [G, vocab]
-            top, best = greedy.max(-1)
-            # top probability = 1 / sum(exp(logit - max logit))
-            conf = torch.exp(greedy - top[:, None]).sum(-1).reciprocal()
-            for r, tok, c in zip(greedy_rows, best.tolist(), conf.tolist(), strict=True):
-                drafts[active[r]].append(int(tok))  # host sync above, once per step
-                self.last_confidences[active[r]].append(float(c))
-        for r, i in enumerate(active):
-            inp = batch[i]
-            if inp.params.greedy:
-                continue
-            row = logits_to_probs(logits[r : r + 1], inp.params)[0]  # [vocab]
-            drafts[i].append(int(torch.multinomial(row, 1, generator=inp.generator)[0]))
+            best, conf = self._greedy(hidden[greedy_rows])
+            for r, tok, c in zip(greedy_rows, best, conf, strict=True):
+                drafts[active[r]].append(tok)
+                self.last_confidences[active[r]].append(c)
+        sampled = [r for r, i in enumerate(active) if not batch[i].params.greedy]
+        if not sampled:
+            return
+        logits = self._logits(hidden[sampled])
+        for j, r in enumerate(sampled):
+            i, params = active[r], batch[active[r]].params
+            row = logits_to_probs(logits[j : j + 1], params)[0]  # [vocab]
+            drafts[i].append(int(torch.multinomial(row, 1, generator=batch[i].generator)[0]))
             probs[i].append(row)
             self.last_confidences[i].append(float(row.max()))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The draft logits of ``hidden # [B, hidden]``, ``# [B, target_vocab_size]``."""
+        return self._to_target_vocab(self.model.compute_logits(hidden))
+
+    def _greedy(self, hidden: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Per row of ``hidden # [G, hidden]``: the draft's top token and its probability, from
+        the screened head where the draft has one (``models/native/head_screen.py``)."""
+        if self.head_screen is not None and not switched_off(head_screen.SWITCH):
+            screened = head_screen.greedy(hidden, self.head_screen, self.target_vocab_size)
+            if screened is not None:
+                return screened
+        logits = self._logits(hidden).float()  # [G, vocab]
+        top, best = logits.max(-1)
+        # top probability = 1 / sum(exp(logit - max logit))
+        conf = torch.exp(logits - top[:, None]).sum(-1).reciprocal()
+        return best.tolist(), conf.tolist()

@@ -1,7 +1,8 @@
 """Build and load specserve's native CPU op library (``csrc/``) on first use.
 
 ``torch.utils.cpp_extension.load`` compiles the sources — the int4, int8-group and bf16
-matmuls, the fused decoder layers and the AVX2 helpers they share — (``-O3 -march=native``,
+matmuls, the fused decoder layers, a draft's screened LM head and the AVX2 helpers they
+share — (``-O3 -march=native``,
 against torch's C++ headers: a few seconds) into
 ``$SPECSERVE_CACHE_DIR/kernels/int4_gemv-<key>/``.
 The key hashes the sources and headers, the flags, the torch and Python versions and this CPU's
@@ -30,14 +31,16 @@ from specserve.paths import cache_root
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-# One library: the int4, int8-group and bf16 matmuls, and the fused decoder layers
-# (models/native/fused_layer.py) that call them.
+# One library: the int4, int8-group and bf16 matmuls, the fused decoder layers
+# (models/native/fused_layer.py) that call them, and a draft's screened LM head
+# (models/native/head_screen.py).
 SOURCES = (
     CSRC / "int4_gemv.cpp",
     CSRC / "int8_gemv.cpp",
     CSRC / "bf16_gemm.cpp",
     CSRC / "decoder_layer.cpp",
     CSRC / "quant_amx.cpp",
+    CSRC / "head_screen.cpp",
 )
 HEADERS = (
     CSRC / "int4_gemv.h",
