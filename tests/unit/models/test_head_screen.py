@@ -128,9 +128,12 @@ def test_rows_past_the_vocabulary_are_never_chosen() -> None:
 
 
 @native
-def test_the_screen_of_a_head_equals_the_packing_of_its_weights() -> None:
+def test_the_screen_of_a_head_equals_the_packing_of_its_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     weight = quantize_int4(torch.randn(100, 128) * 0.1, 64)
     linear = Int4Linear(weight, None, torch.bfloat16)
+    monkeypatch.setattr(head_screen, "_BUILD_TILES", 3)  # built 3 tiles at a time: 3 + 3 + 1
     screen = head_screen.for_head(linear)
     assert screen is not None
     dense = linear(torch.eye(128)).T  # the head's weights, as the screen reads them

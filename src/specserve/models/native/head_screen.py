@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -100,14 +99,26 @@ def _pack_group(w: torch.Tensor, tiles: int) -> torch.Tensor:
     return torch.cat([blocks, consts.contiguous().view(torch.uint8).view(tiles, 1, 64)], 1)
 
 
-def _dequantised_groups(linear: Int4Linear) -> Iterator[torch.Tensor]:
-    """The head's weights, ``# [N, 64]`` fp32 per group of inputs in order: the head's own
-    kernel applied to the group's rows of the identity (so whatever its packed form)."""
-    k = linear.in_features
-    for g in range(k // GROUP):
-        eye = torch.zeros(GROUP, k)
-        eye[:, g * GROUP : (g + 1) * GROUP] = torch.eye(GROUP)
-        yield linear(eye).T  # fp32 in, fp32 out
+_BUILD_TILES = 512  # tiles of the head dequantised at a time (bounds the build's memory)
+
+
+def _tile_range(packed: Int4Packed, t0: int, t1: int) -> Int4Packed:
+    """Tiles ``t0 .. t1 - 1`` of a packed int4 weight (rows ``16 t0 ..``), as one (views)."""
+    return Int4Packed(
+        packed.qweight[t0:t1],
+        packed.scales if packed.inline_constants else packed.scales[t0:t1],
+        packed.row_scale[t0 * TILE : t1 * TILE],
+        (t1 - t0) * TILE,
+        packed.group_size,
+    )
+
+
+def _dequantised(packed: Int4Packed, g: int) -> torch.Tensor:
+    """Group ``g``'s weights ``# [rows, 64]`` fp32 of a packed int4 weight: its own kernel
+    applied to the group's rows of the identity (so whatever its packed form)."""
+    eye = torch.zeros(GROUP, packed.in_features)
+    eye[:, g * GROUP : (g + 1) * GROUP] = torch.eye(GROUP)
+    return int4_native.matmul(eye, packed).T  # fp32 in, fp32 out
 
 
 # One screen per head, built on first use (each new proposer of the same draft model reuses it).
@@ -140,10 +151,14 @@ def _build(linear: torch.nn.Module) -> HeadScreen:
     assert isinstance(linear, Int4Linear) and linear.native is not None
     t0 = time.perf_counter()
     n, k = linear.out_features, linear.in_features
-    codes = torch.zeros(-(-n // TILE), k // GROUP, 5, 64, dtype=torch.uint8)
+    tiles = -(-n // TILE)
+    codes = torch.zeros(tiles, k // GROUP, 5, 64, dtype=torch.uint8)
     with torch.inference_mode():
-        for g, w in enumerate(_dequantised_groups(linear)):
-            codes[:, g] = _pack_group(w, codes.shape[0])
+        for t0 in range(0, tiles, _BUILD_TILES):
+            t1 = min(tiles, t0 + _BUILD_TILES)
+            part = _tile_range(linear.native, t0, t1)
+            for g in range(k // GROUP):
+                codes[t0:t1, g] = _pack_group(_dequantised(part, g), t1 - t0)
     logger.info(
         "draft LM head screened in two-bit codes (%.0f MB beside the head's %.0f MB), "
         "top %d finished exactly; built in %.1f s", codes.numel() / 1e6,
