@@ -149,7 +149,7 @@ def describe(linear: torch.nn.Module) -> str:
 
 def _build(linear: torch.nn.Module) -> HeadScreen:
     assert isinstance(linear, Int4Linear) and linear.native is not None
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     n, k = linear.out_features, linear.in_features
     tiles = -(-n // TILE)
     codes = torch.zeros(tiles, k // GROUP, 5, 64, dtype=torch.uint8)
@@ -162,7 +162,7 @@ def _build(linear: torch.nn.Module) -> HeadScreen:
     logger.info(
         "draft LM head screened in two-bit codes (%.0f MB beside the head's %.0f MB), "
         "top %d finished exactly; built in %.1f s", codes.numel() / 1e6,
-        linear.native.qweight.numel() / 1e6, min(TOP_N, n), time.perf_counter() - t0,
+        linear.native.qweight.numel() / 1e6, min(TOP_N, n), time.perf_counter() - start,
     )  # fmt: skip
     return HeadScreen(codes, linear.native, n, min(TOP_N, n))
 
