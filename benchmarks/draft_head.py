@@ -27,12 +27,10 @@ import torch
 from specserve.bench.suites import get_prompts
 from specserve.config import DEFAULT_DRAFT_CONFIDENCE_THRESHOLD
 from specserve.kv_cache.single_sequence import SingleSequenceCache
-from specserve.loading.quant_cache import load_model_with_weights
 from specserve.models.decoder import DecoderLM
-from specserve.models.fast_path import optimize_for_decode
 from specserve.models.native import fused_layer, head_screen
 from specserve.perf.arms import InProcessArm, plain_arm, run_interleaved, spec_arm
-from specserve.perf.main import draft_format_beside
+from specserve.perf.main import load_gguf_pair
 from specserve.perf.options import PROMPT_SUITE
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.factory import make_proposer
@@ -104,15 +102,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
 
-    target = load_model_with_weights(args.target, "gguf")
-    draft_fmt = draft_format_beside(None, "gguf", args.draft)
-    draft = load_model_with_weights(args.draft, draft_fmt)
-    for lm in (target, draft):
-        optimize_for_decode(lm.model)
-    fused_layer.set_draft(draft.model)  # as the engine builder does
+    target, draft, draft_fmt = load_gguf_pair(args.target, args.draft)
     hs = head_screen.for_head(draft.model.lm_head)
     if hs is None:
-        raise SystemExit(f"no screen here: {head_screen._why_not(draft.model.lm_head)}")
+        raise SystemExit(f"no screen here: {head_screen.why_not(draft.model.lm_head)}")
     tm, dm, vocab = target.model, draft.model, target.model.cfg.vocab_size
     names = args.prompts.split(",")
     texts = [q.text for q in get_prompts(PROMPT_SUITE, names)]

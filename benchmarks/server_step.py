@@ -36,6 +36,9 @@ decode as ``perf`` makes them. Its TPOT beside the engine's says whether the eng
 (scheduler, paged KV cache, its controller kept across requests) costs more than ``perf``'s
 figures show; its tokens per target forward say whether the two controllers chose alike.
 
+With ``--context N``, each prompt follows about N tokens of Python source (a coding agent's
+long context): the steps then attend over it on both sides.
+
     .venv/bin/python benchmarks/server_step.py --max-tokens 64 -- \\
         --model qwen2.5-coder-1.5b-instruct --weights bf16 \\
         --draft-model qwen2.5-coder-0.5b-instruct --draft-weights int4
@@ -201,6 +204,20 @@ def through_server(base_url: str, ids: list[int], max_tokens: int) -> Side:
     return Side(int(c1 - c0), s1 - s0, tokens, decode_s)
 
 
+def source_context(tokenizer, tokens: int) -> str:  # type: ignore[no-untyped-def]
+    """About ``tokens`` tokens of Python source (the standard library's ``textwrap`` and
+    ``json.encoder``, repeated as needed) as a block a prompt can follow: a long context of
+    the kind a coding agent sends."""
+    import inspect
+    import json.encoder
+    import textwrap
+
+    text = inspect.getsource(textwrap) + inspect.getsource(json.encoder)
+    ids = tokenizer.encode(text * (1 + tokens // max(1, len(tokenizer.encode(text)))))
+    code = tokenizer.decode(ids[:tokens])
+    return f"Here is some code for context:\n```python\n{code}\n```\n\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -215,6 +232,10 @@ def main() -> int:
         "--loop", action="store_true",
         help="also decode each prompt with perf's batch-1 loop on the same models",
     )  # fmt: skip
+    p.add_argument(
+        "--context", type=int, default=0, metavar="TOKENS",
+        help="put about this many tokens of Python source ahead of each prompt",
+    )  # fmt: skip
     p.add_argument("serve_flags", nargs=argparse.REMAINDER, help="-- then specserve serve flags")
     args = p.parse_args()
     if args.rounds < 1:
@@ -224,15 +245,20 @@ def main() -> int:
     tokenizer = load_tokenizer(serve_args.model)
     wanted = args.prompts.split(",")
     suite = {prompt.id: prompt for prompt in get_suite("perf")}
+    ahead = source_context(tokenizer, args.context) if args.context > 0 else ""
     prompts = [
-        tokenizer.encode_chat([{"role": "user", "content": suite[name].text}]) for name in wanted
+        tokenizer.encode_chat([{"role": "user", "content": ahead + suite[name].text}])
+        for name in wanted
     ]
     log = Path(tempfile.mkdtemp(prefix="server-step-")) / "server.log"
     with ServerProcess([*flags, "--served-model-name", "m"], log_path=log, name="server") as srv:
         _stream(srv.base_url, prompts[0], 8)  # warm-up, as in process
         local = InProcess(serve_args, prompts[0])
         loop = Loop(local) if args.loop else None
-        print(f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}")
+        print(
+            f"serve flags: {' '.join(flags)}; max_tokens {args.max_tokens}; "
+            f"prompts of {', '.join(str(len(ids)) for ids in prompts)} tokens"
+        )
         extra = " TPOT ms loop | in process / loop | tokens per forward loop / in process |"
         print("| round | prompt | steps in process / server | ms/step in process | "
               "ms/step server | server/in process | model ms/token in process | "

@@ -29,12 +29,10 @@ import torch
 from specserve.bench.suites import get_prompts
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.loading import CATALOG
-from specserve.loading.quant_cache import load_model_with_weights
 from specserve.loading.transport import fetch
 from specserve.models.decoder import DecoderLM
-from specserve.models.fast_path import optimize_for_decode
 from specserve.models.native import fused_layer, head_screen
-from specserve.perf.main import draft_format_beside
+from specserve.perf.main import load_gguf_pair
 from specserve.perf.options import PROMPT_SUITE
 from specserve.perf.worker_arms import start_llamacpp
 
@@ -72,12 +70,7 @@ def main() -> None:
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
 
-    target = load_model_with_weights(args.target, "gguf")
-    draft_fmt = draft_format_beside(None, "gguf", args.draft)
-    draft = load_model_with_weights(args.draft, draft_fmt)
-    for lm in (target, draft):
-        optimize_for_decode(lm.model)
-    fused_layer.set_draft(draft.model)  # as the engine builder does
+    target, draft, draft_fmt = load_gguf_pair(args.target, args.draft)
     text = get_prompts(PROMPT_SUITE, [args.prompt])[0].text
     prompt = target.tokenizer.encode_chat([{"role": "user", "content": text}])
     eos = list(target.tokenizer.eos_token_ids)

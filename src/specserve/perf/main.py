@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
@@ -247,6 +247,24 @@ def draft_format_beside(draft_weights: WeightFormat | None, fmt: str, draft: str
     target = cast("WeightFormat", fmt)
     dtype = str(compute_dtype_for(target, None)).removeprefix("torch.")
     return draft_format(draft_weights, target, draft, "cpu", dtype) or target
+
+
+def load_gguf_pair(target: str, draft: str) -> tuple[Any, Any, WeightFormat]:
+    """``(target, draft, draft format)``: serve's default pair on a GGUF file, set up as the
+    engine builder sets it up: the target in the ``gguf`` format, the draft in the format
+    serve picks beside it (:func:`draft_format_beside`), both optimised for decode and the
+    draft marked as one (``fused_layer.set_draft``). Both models are ``LoadedModel`` objects."""
+    from specserve.loading.quant_cache import load_model_with_weights
+    from specserve.models.fast_path import optimize_for_decode
+    from specserve.models.native import fused_layer
+
+    loaded_target = load_model_with_weights(target, "gguf")
+    fmt = draft_format_beside(None, "gguf", draft)
+    loaded_draft = load_model_with_weights(draft, fmt)
+    for lm in (loaded_target, loaded_draft):
+        optimize_for_decode(lm.model)
+    fused_layer.set_draft(loaded_draft.model)
+    return loaded_target, loaded_draft, fmt
 
 
 def _in_process_arms(

@@ -31,6 +31,14 @@ def _head(n: int = 1000, k: int = 128, seed: int = 0) -> Int4Linear:
     return Int4Linear(quantize_int4(weight, 64), None, torch.bfloat16)
 
 
+def _screened(n: int = 1000, k: int = 128, seed: int = 0):  # type: ignore[no-untyped-def]
+    """A random int4 head and its screen."""
+    linear = _head(n, k, seed)
+    screen = head_screen.for_head(linear)
+    assert screen is not None
+    return linear, screen
+
+
 def _x(m: int, k: int = 128, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=gen) * torch.exp(torch.randn(m, k, generator=gen))
@@ -61,9 +69,8 @@ def _coarse_reference(x: torch.Tensor, screen: head_screen.HeadScreen) -> torch.
 
 @native
 def test_candidates_and_tail_follow_the_coarse_scores() -> None:
-    linear = _head()
-    screen = head_screen.for_head(linear)
-    assert screen is not None and screen.top_n == 64
+    _, screen = _screened()
+    assert screen.top_n == 64
     x = _x(3)
     cand, stats = head_screen.screen(x, screen, vocab=1000)
     ref = _coarse_reference(x, screen)
@@ -79,9 +86,7 @@ def test_candidates_and_tail_follow_the_coarse_scores() -> None:
 
 @native
 def test_the_chosen_token_and_its_probability_are_the_full_heads() -> None:
-    linear = _head()
-    screen = head_screen.for_head(linear)
-    assert screen is not None
+    linear, screen = _screened()
     x = _x(6, seed=3)
     x[0] = linear(torch.eye(128)).T[7] * 50  # row 7 and its twin 900 on top: a tie
     cand, stats = head_screen.screen(x, screen, vocab=1000)
@@ -102,9 +107,7 @@ def test_the_chosen_token_and_its_probability_are_the_full_heads() -> None:
 
 @native
 def test_rows_are_the_same_whatever_the_batch() -> None:
-    linear = _head(n=777, k=192, seed=5)
-    screen = head_screen.for_head(linear)
-    assert screen is not None
+    _, screen = _screened(n=777, k=192, seed=5)
     x = _x(5, k=192, seed=6)
     cand, stats = head_screen.screen(x, screen, vocab=777)
     for m in range(5):
@@ -114,9 +117,7 @@ def test_rows_are_the_same_whatever_the_batch() -> None:
 
 @native
 def test_rows_past_the_vocabulary_are_never_chosen() -> None:
-    linear = _head()
-    screen = head_screen.for_head(linear)
-    assert screen is not None
+    linear, screen = _screened()
     x = _x(4, seed=9)
     full = linear(x).float()
     tokens, _ = head_screen.greedy(x, screen, vocab=500) or ([], [])
@@ -149,8 +150,7 @@ def test_what_cannot_be_screened() -> None:
 
 @native
 def test_bad_shapes_get_a_clear_error() -> None:
-    screen = head_screen.for_head(_head())
-    assert screen is not None
+    _, screen = _screened()
     with pytest.raises(RuntimeError, match="inputs"):
         head_screen.screen(_x(1, k=64), screen, vocab=1000)
     with pytest.raises(RuntimeError, match="bf16"):

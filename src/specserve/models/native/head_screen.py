@@ -36,7 +36,17 @@ from specserve.models.quant.layers import Int4Linear
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SWITCH", "TOP_N", "HeadScreen", "describe", "for_head", "greedy", "pack", "screen"]
+__all__ = [
+    "SWITCH",
+    "TOP_N",
+    "HeadScreen",
+    "describe",
+    "for_head",
+    "greedy",
+    "pack",
+    "screen",
+    "why_not",
+]
 
 SWITCH = "SPECSERVE_DRAFT_HEAD_SCREEN"
 TOP_N = 64  # candidates per row finished exactly
@@ -129,7 +139,7 @@ def for_head(linear: torch.nn.Module) -> HeadScreen | None:
     """The screen of a draft model's LM head (built once per head: about 2 s for the 0.5B's),
     or None where it does not apply (logged at debug): switched off, not an int4 head on the
     native kernel, inputs not in groups of 64, or the op library without ``head_screen``."""
-    why = _why_not(linear)
+    why = why_not(linear)
     if why is not None:
         logger.debug("draft head screen off: %s", why)
         return None
@@ -167,7 +177,8 @@ def _build(linear: torch.nn.Module) -> HeadScreen:
     return HeadScreen(codes, linear.native, n, min(TOP_N, n))
 
 
-def _why_not(linear: torch.nn.Module) -> str | None:
+def why_not(linear: torch.nn.Module) -> str | None:
+    """Why ``linear`` gets no screen (:func:`for_head`), or None where it does."""
     if switched_off(SWITCH):
         return f"{SWITCH}=0"
     if not isinstance(linear, Int4Linear) or linear.native is None:
