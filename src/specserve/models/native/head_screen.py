@@ -63,14 +63,20 @@ class HeadScreen:
             inputs four blocks of codes and one of the rows' fp16 scales and minimums
             (``csrc/head_screen.cpp`` gives the byte order).
         head: the exact head (the int4 kernel's packed weight).
-        out_features: the head's rows.
-        top_n: candidates per input row.
     """
 
     codes: torch.Tensor
     head: Int4Packed
-    out_features: int
-    top_n: int = TOP_N
+
+    @property
+    def out_features(self) -> int:
+        """The head's rows."""
+        return self.head.out_features
+
+    @property
+    def top_n(self) -> int:
+        """Candidates per input row."""
+        return min(TOP_N, self.out_features)
 
     @property
     def nbytes(self) -> int:
@@ -174,7 +180,7 @@ def _build(linear: torch.nn.Module) -> HeadScreen:
         "top %d finished exactly; built in %.1f s", codes.numel() / 1e6,
         linear.native.qweight.numel() / 1e6, min(TOP_N, n), time.perf_counter() - start,
     )  # fmt: skip
-    return HeadScreen(codes, linear.native, n, min(TOP_N, n))
+    return HeadScreen(codes, linear.native)
 
 
 def why_not(linear: torch.nn.Module) -> str | None:

@@ -4,10 +4,11 @@
 // A greedy draft needs only its top token and that token's probability (the confidence stop),
 // yet its int4 LM head is a quarter of the bytes a draft token reads (the 0.5B's 151,936 x
 // 896). head_screen reads a copy of the head in two-bit codes (2.5 bits a weight with its
-// constants, half the int4 head's 5) and returns, per input row, the top_n rows of that
-// coarse product and what the softmax denominator holds outside them; the caller computes
-// the candidates' logits exactly with the head's own kernel (head_screen.py), so the draft
-// proposes the full head's top token whenever it is among the candidates.
+// constants, half the int4 head's 5), keeps per input row the top_n rows of that coarse
+// product and what the softmax denominator holds outside them, computes those candidates'
+// logits exactly with the head's own int4 kernel on their tiles alone (exact_tiles), and
+// returns the top one first with its probability: the draft proposes the full head's top
+// token whenever it is among the candidates (head_screen.py calls it).
 //
 // Packed layout (head_screen.py packs it):
 //   codes uint8 [Np / 16, K / 64, 5, 64]: per tile of 16 rows and group of 64 inputs, four
