@@ -171,4 +171,8 @@ def test_set_draft_routes_a_drafts_one_row_calls(monkeypatch: pytest.MonkeyPatch
     fused_layer.set_draft(model)
     assert not down.native.quantised_x
     assert torch.equal(logits([5]), exact[0])
-    assert fused_layer.describe(model) == "native int4_decoder_layer"
+    # (on a CPU with AMX a draft's calls of several rows still take the tiles)
+    assert fused_layer.describe(model) in (
+        "native int4_decoder_layer",
+        f"native int4_decoder_layer on AMX tiles from {fused_layer.DRAFT_TILE_ROWS} rows",
+    )
