@@ -81,7 +81,10 @@ def _mixed_model(
     with ``bits``-bit codes (``super``, ``super+offsets``: six-bit codes with superblock
     constants, skipped where the CPU does not run them)."""
     if isinstance(bits, str) and not superblock.preferred():
-        pytest.skip("superblock constants run on the AVX-512 BF16 / VBMI / GFNI kernel only")
+        pytest.skip(
+            "superblock constants run on the AVX-512 BF16 / VBMI / GFNI kernel only, and not "
+            "with the AMX tiles switched on (SPECSERVE_QUANT_AMX=1)"
+        )
     form = {"super": 1, "super+offsets": 2}.get(str(bits), 0)
     tiny = make_tiny_model(family, **SHAPE).to(torch.bfloat16)
     floats = []
