@@ -288,7 +288,7 @@ def _layout_setter(model: torch.nn.Module, switch: str) -> Callable[[str], None]
     return put
 
 
-def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
+def part_step(rounds: int, switch: str, model_name: str, max_new: int, weights: str) -> None:
     import os
     import statistics
 
@@ -296,7 +296,7 @@ def part_step(rounds: int, switch: str, model_name: str, max_new: int) -> None:
     from specserve.loading.quant_cache import load_in_format
 
     env, on_label, off_label = SWITCHES[switch]
-    model = load_in_format(model_name, "gguf", torch.bfloat16).model
+    model = load_in_format(model_name, weights, torch.bfloat16).model
     packing = env in ("layout", "codes", "superblocks", "int4-superblocks")
     put = _layout_setter(model, env) if packing else lambda v: os.environ.__setitem__(env, v)
     context = [(13 * i + 7) % 1000 + 100 for i in range(200)]
@@ -471,6 +471,13 @@ def main() -> int:
     ap.add_argument(
         "--max-new", type=int, default=9, help="--part step: T = 1 .. this many new tokens"
     )
+    ap.add_argument(
+        "--weights",
+        choices=["gguf", "int4"],
+        default="gguf",
+        help="--part step: the model's weight format (int4: the int4 format's groups of 64, "
+        "re-quantised from the file; only --switch int8-x, amx, sweep, l2 and distance apply)",
+    )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per timing round")
@@ -486,7 +493,7 @@ def main() -> int:
     if args.part == "step":
         if args.max_new < 1:
             ap.error(f"--max-new must be >= 1, got {args.max_new}")
-        part_step(args.rounds, args.switch, args.model, args.max_new)
+        part_step(args.rounds, args.switch, args.model, args.max_new, args.weights)
         return 0
     if args.part == "accuracy":
         part_accuracy(max(args.rows))

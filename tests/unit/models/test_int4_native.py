@@ -12,6 +12,12 @@ import torch
 from specserve.models.native import int4_native
 from specserve.models.native.int4_native import Int4Packed, matmul, pack
 from specserve.models.quant.int4_weight import Int4Weight, quantize_int4
+from tests.kernel_checks import (
+    assert_exact_and_batch_invariant,
+    assert_int8_activation_edges,
+    assert_int8_activations_switch_off,
+    int8_activation_product,
+)
 
 native = pytest.mark.skipif(
     not int4_native.available(), reason=f"native int4 kernel: {int4_native.unavailable_reason()}"
@@ -33,7 +39,13 @@ def _random_codes_weight(n: int, k: int, group_size: int, seed: int = 0) -> Int4
 
 
 def _reference(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
-    return x.double() @ weight.dequantize(torch.float64).T
+    """The float64 product the kernel approximates: on int8 activations (AVX-512 VNNI, groups
+    of a multiple of 32) the codes centred on 8 meet x rounded per 32 inputs, the offsets (8
+    scales included) the exact x; else the exact product."""
+    w = weight.dequantize(torch.float64)
+    if int4_native.int8_activations() and weight.group_size % 32 == 0:
+        return int8_activation_product(x, w, weight.minimum + 8 * weight.scale)
+    return x.double() @ w.T
 
 
 def _check_close(y: torch.Tensor, ref: torch.Tensor) -> None:
@@ -244,6 +256,69 @@ def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch
             on = matmul(x, packed)
             monkeypatch.setenv(switch, "0")
             assert torch.equal(on, matmul(x, packed)), (n, k, inline, m)
+
+
+# ---------------------------------------------------------- on int8 activations ------------
+
+x8_kernel = pytest.mark.skipif(
+    not int4_native.available() or not torch.ops.specserve.int4_int8_activations(),
+    reason="int8 activations need the AVX-512 kernel built with VNNI",
+)
+
+
+def _as_packed(packed: Int4Packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight ``packed`` holds (its fp16 constants times row_scale) in float64, and its
+    offsets with the codes centred on 8 (``c + 0.5 s`` per group): what a float64 reference of
+    the kernel's arithmetic multiplies."""
+    n, k, gs = packed.out_features, packed.in_features, packed.group_size
+    codes = int4_native.unpack_code_blocks(packed.code_blocks())[:n].double()
+    const = packed.constants().double() * packed.row_scale.double().view(-1, 1, 1, 16)
+    scale = const[:, :, 0].permute(0, 2, 1).reshape(-1, k // gs)[:n]
+    mid = const[:, :, 1].permute(0, 2, 1).reshape(-1, k // gs)[:n]
+    per_input = (codes.view(n, k // gs, gs) - 7.5) * scale[..., None] + mid[..., None]
+    return per_input.view(n, k), mid + 0.5 * scale
+
+
+@x8_kernel
+@pytest.mark.parametrize(("n", "k", "gs"), [(37, 512, 64), (160, 1536, 32), (21, 384, 128)])
+@pytest.mark.parametrize("inline", [True, False])
+def test_int8_activations_match_their_float64_reference_and_are_batch_invariant(
+    n: int, k: int, gs: int, inline: bool
+) -> None:
+    """The int4 format's groups on int8 activations (both layouts): fp32 outputs within fp32
+    rounding of the float64 product of the same rounding of x, rows of 1 to 11 bit-identical
+    to one call (every kernel width, the interleaved tiles of 1-3 rows included)."""
+    assert int4_native.int8_activations()
+    packed = pack(_random_codes_weight(n, k, gs, seed=n), inline_constants=inline)
+    weight, offsets = _as_packed(packed)
+    assert_exact_and_batch_invariant(
+        matmul, packed, weight, reference=lambda x: int8_activation_product(x, weight, offsets)
+    )
+
+
+@x8_kernel
+def test_int8_activations_of_zero_and_non_finite_groups_in_int4_groups() -> None:
+    packed = pack(_random_codes_weight(32, 512, 64, seed=4))
+    weight, offsets = _as_packed(packed)
+    assert_int8_activation_edges(
+        matmul, packed, lambda x: int8_activation_product(x, weight, offsets), 512
+    )
+
+
+@x8_kernel
+def test_int8_activations_of_int4_groups_stay_near_the_exact_product_and_switch_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Near the exact product (within 1 %), not equal to it; ``SPECSERVE_INT8_ACTIVATIONS=0``
+    gives the exact product to fp32 rounding, and groups of 16 never take int8 activations."""
+    packed = pack(_weight(64, 1536, 64, seed=3))
+    assert_int8_activations_switch_off(matmul, packed, _as_packed(packed)[0], monkeypatch, 1e-2)
+    monkeypatch.delenv("SPECSERVE_INT8_ACTIVATIONS")
+    sixteen = pack(_weight(48, 256, 16, seed=6))
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    exact = x.double() @ _as_packed(sixteen)[0].T
+    y = matmul(x.float(), sixteen).double()
+    assert float((y - exact).norm() / exact.norm()) < 1e-5
 
 
 @native

@@ -87,6 +87,7 @@ def test_int4_rows_are_batch_invariant_and_close(
         torch.set_num_threads(threads)
     _check(single, ref)
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "0")
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")  # vdpbf16ps, not the int8-x kernel
     other = int4_native.matmul(x, packed)
     assert ((single.float() - other.float()).abs() <= other.float().abs() / 64 + 1e-3).all()
 
@@ -154,9 +155,11 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
 
     on_tiles = {rows: outputs(rows) for rows in (3, 4)}
     assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles"
+    # calls off the tiles multiply int8 activations where the kernel has them (AVX-512 VNNI)
+    x8 = ", int4 groups on int8 x" if int4_native.int8_activations() else ""
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "0")
     off = {rows: outputs(rows) for rows in (3, 4)}
-    assert fused_layer.describe(model) == "native int4_decoder_layer"
+    assert fused_layer.describe(model) == "native int4_decoder_layer" + x8
     for rows in (3, 4):  # other sums: the tiles did run
         assert not torch.equal(on_tiles[rows][0], off[rows][0])
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
@@ -164,13 +167,13 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     layers = [cast("DecoderLayer", layer) for layer in model.model.layers]
     assert not packed.tiles and all(la.fused and la.fused.args[-1] == 0 for la in layers)
     assert all(torch.equal(a, b) for a, b in zip(outputs(), off[3], strict=True))
-    assert fused_layer.describe(model) == "native int4_decoder_layer"
+    assert fused_layer.describe(model) == "native int4_decoder_layer" + x8
     fused_layer.allow_tiles(model, True)
     assert all(torch.equal(a, b) for a, b in zip(outputs(), on_tiles[3], strict=True))
     fused_layer.allow_tiles(model, True, from_rows=4)  # a draft's
     assert packed.tiles_from_rows == 4
     assert all(la.fused and la.fused.tiles_from_rows == 4 for la in layers)
-    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows"
+    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows" + x8
     layer_op = torch.ops.specserve.int4_decoder_layer
     calls: list[tuple[int, bool]] = []  # (rows, tiles) of each fused layer call
 
@@ -183,7 +186,7 @@ def test_allow_tiles_routes_a_models_matmuls(monkeypatch: pytest.MonkeyPatch, on
     assert all(torch.equal(a, b) for a, b in zip(outputs(4), on_tiles[4], strict=True))
     assert set(calls) == {(3, 0), (4, 2)}  # TILES_NEVER, TILES_PERMITTED
     monkeypatch.setenv("SPECSERVE_QUANT_AMX", "0")  # a draft's need no switch
-    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows"
+    assert fused_layer.describe(model) == "native int4_decoder_layer on AMX tiles from 4 rows" + x8
     assert all(torch.equal(a, b) for a, b in zip(outputs(4), on_tiles[4], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(outputs(3), off[3], strict=True))
     with pytest.raises(ValueError, match="from_rows"):

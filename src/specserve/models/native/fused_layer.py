@@ -250,8 +250,8 @@ def describe(model: DecoderLM) -> str:
     ``native int4_decoder_layer``, ``native bf16_decoder_layer on AMX tiles`` (the bf16 op
     names its kernel, :func:`bf16_native.kernel`; the quantised op says ``on AMX tiles`` where
     :func:`int4_native.amx_tiles` is on and the model's weights may take them,
-    :func:`allow_tiles`) or ``eager (<why not>)``; ``, K-quants on int8 x``
-    (:func:`int4_native.takes_int8_activations`) and ``, bf16 residual stream`` where they apply."""
+    :func:`allow_tiles`) or ``eager (<why not>)``; ``, <kind> on int8 x`` (``int4_native.
+    int8_activation_kind``) and ``, bf16 residual stream`` where they apply."""
     layers = _layers(model)
     fused = layers[0].fused if layers else None
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
@@ -260,7 +260,7 @@ def describe(model: DecoderLM) -> str:
             return f"native {fused.op} on {bf16_native.kernel()}{bf16_stream}"
         mode = cast("int", fused.args[-1])
         one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x()
-        x8 = ", K-quants on int8 x" if int4_native.takes_int8_activations(model) else ""
+        x8 = f", {k} on int8 x" if (k := int4_native.int8_activation_kind(model)) else ""
         x8 += (", x in int8 for one-row int4 matmuls" if one_row_x8 else "") + bf16_stream
         if mode & ~QUANTISED_X == TILES_SWITCHED and int4_native.amx_tiles():
             return f"native {fused.op} on AMX tiles{x8}"

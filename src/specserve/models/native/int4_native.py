@@ -65,6 +65,7 @@ SUPERBLOCK, SUPER_GROUP = 256, 32
 SUPER_HEADER_BLOCKS = 4
 SUPER_BLOCKS = SUPER_HEADER_BLOCKS + SUPERBLOCK // BLOCK_K
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
+X8_GROUP = 32  # inputs sharing one int8 step where activations are int8 (int8_activations)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
 _INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -329,26 +330,43 @@ def quantised_x() -> bool:
 
 def int8_activations() -> bool:
     """Whether weights with superblock constants (the K-quants: Q4_K here,
-    :mod:`int4_superblock`; Q6_K on the int8-group kernel, :mod:`superblock`) multiply int8
+    :mod:`int4_superblock`; Q6_K on the int8-group kernel, :mod:`superblock`) and int4 weights
+    with per-group constants in groups of a multiple of 32 (the int4 format) multiply int8
     activations now: each row's inputs rounded per 32 to ``max |x| / 127`` steps (llama.cpp's
-    Q8_0 rounding) and summed against the codes in int32 (``vpdpbusd``, ``csrc/int8_x.h``), the
-    offsets' term on the exact sums of x. A verify of 3-9 rows of the gguf 1.5B costs about
-    1.3-1.4x less than on bf16 activations with ``vdpbf16ps`` (docs/benchmarks.md). The
-    default where the library was built with AVX-512 VNNI; ``SPECSERVE_INT8_ACTIVATIONS=0``
-    keeps bf16 activations (read on every call). A row's outputs are the same whatever the
-    batch either way, but differ between the two. False where the kernel is not available."""
+    Q8_0 rounding) and summed against the codes centred on 8 in int32 (``vpdpbusd``,
+    ``csrc/int8_x.h``), the offsets' term (8 scales included) on the exact sums of x. A verify
+    of 3-9 rows costs about 1.3-1.4x less than on bf16 activations with ``vdpbf16ps`` for the
+    gguf 1.5B, about 2x less for the int4 format's (docs/benchmarks.md). The default where the
+    library was built with AVX-512 VNNI; ``SPECSERVE_INT8_ACTIVATIONS=0`` keeps bf16
+    activations (read on every call). A row's outputs are the same whatever the batch either
+    way, but differ between the two. False where the kernel is not available."""
     return available() and bool(torch.ops.specserve.int4_int8_activations())
 
 
-def takes_int8_activations(model: torch.nn.Module) -> bool:
-    """Whether some of ``model``'s matmuls multiply int8 activations now: those of weights with
-    superblock constants (int4's ``superblock_constants``, int8-group's ``superblock_form``) on
-    the native kernels, while :func:`int8_activations` is on."""
+def int8_activation_kind(model: torch.nn.Module) -> str | None:
+    """Which of ``model``'s matmuls multiply int8 activations now (:func:`int8_activations`),
+    in words: ``"K-quants"`` for weights with superblock constants (int4's
+    ``superblock_constants``, int8-group's ``superblock_form``), else ``"int4 groups"`` for
+    int4 weights with per-group constants in groups of a multiple of 32 that some calls run
+    on the kernels (not those whose every call the AMX tiles take, :func:`amx_tiles`); None
+    for neither or while the switch is off."""
+    if not int8_activations():
+        return None
     packed = [getattr(m, "native", None) for m in model.modules()]
-    return int8_activations() and any(
+    if any(
         getattr(p, "superblock_constants", False) or getattr(p, "superblock_form", 0)
         for p in packed
-    )
+    ):
+        return "K-quants"
+    all_on_tiles = amx_tiles()
+    if any(
+        isinstance(p, Int4Packed)
+        and p.group_size % X8_GROUP == 0
+        and not (all_on_tiles and p.tiles and p.tiles_from_rows <= 1)
+        for p in packed
+    ):
+        return "int4 groups"
+    return None
 
 
 def amx_tiles(switched: bool = True) -> bool:

@@ -55,15 +55,19 @@
 // where xsum[m, g] (sum of the group's bf16 inputs in fp32) is computed per row in a fixed
 // order (the same in both variants). The kernels differ only in how many tiles / rows they
 // interleave (for latency).
-// With superblock constants and AVX-512 VNNI, the AVX-512 variant multiplies int8 activations
-// instead (int8_activations() in int8_x.h: on unless SPECSERVE_INT8_ACTIVATIONS=0): each
-// row's sub-group of 32 inputs is xq * step with step = max |x| / 127 and xq = x / step
-// rounded to nearest even (quantise_x8 in int8_x.h: llama.cpp's Q8_0 rounding), and per
-// sub-group j
+// With AVX-512 VNNI, the AVX-512 variant multiplies int8 activations instead for superblock
+// constants and for per-group ones in groups of a multiple of 32 (int8_activations() in
+// int8_x.h: on unless SPECSERVE_INT8_ACTIVATIONS=0): each row's sub-group of 32 inputs is
+// xq * step with step = max |x| / 127 and xq = x / step rounded to nearest even (quantise_x8
+// in int8_x.h: llama.cpp's Q8_0 rounding), and per sub-group j
 //     isum = sum of (q - 8) * xq (vpdpbusd of q, less 8 times the sum of xq: exact in int32)
+// then with superblock constants
 //     y = fma(s * step[m, j], float(isum), y);  y = fma(fma(s, 8, e * mo_j), xsum[m, j], y)
-// (run_block_super_x8). Twice the products an instruction of vdpbf16ps, on codes that need no
-// conversion: a verify of several rows costs less. The rounding of x meets only the centred
+// (run_block_super_x8), with per-group ones, over the group's sub-groups j in order
+//     acc = isum_j * step[m, j] for the first, acc = fma(isum_j, step[m, j], acc) after
+//     y = fma(s, acc, y);  y = fma(fma(s, 0.5, c), xsum[m, g], y)
+// (run_block_group_x8). Twice the products an instruction of vdpbf16ps, on codes that need no
+// conversion: a verify of several rows costs less, and one row no more. The rounding of x meets only the centred
 // codes (q - 8), whose products' errors cancel as those of the weights themselves do; the
 // offsets' term, 8 s included, keeps the exact sums of x (with q itself, every rounding error of
 // a group would add up times 7.5 s: twice the logits' error on the 1.5B). Every row's
@@ -96,7 +100,7 @@
     defined(__AVX512BF16__) && defined(__GFNI__)
 #define SPECSERVE_INT4_AVX512 1
 #ifdef SPECSERVE_INT8_X
-#define SPECSERVE_INT4_X8 1  // int8 activations for superblock constants (vpdpbusd)
+#define SPECSERVE_INT4_X8 1  // int8 activations (vpdpbusd; int8_x_applies)
 #endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SPECSERVE_INT4_AVX2 1
@@ -155,11 +159,11 @@ struct Problem {
   bool super_constants;    // superblock constants (super_form 3), 8 groups a superblock
   int64_t M, N, K, ngroups, blocks_per_group;
   int64_t tile_bytes;      // bytes of one tile in qweight
-  // Superblock constants with int8 activations (run_block_super_x8): each row's inputs as
-  // int8 per sub-group of 32 (quantise_x8 in int8_x.h, in the int4 blocks' input order), their
-  // steps and their sums.
+  // Int8 activations (run_block_super_x8, run_block_group_x8): each row's inputs as int8 per
+  // sub-group of 32 (quantise_x8 in int8_x.h, in the int4 blocks' input order), their steps
+  // and their sums.
   const int8_t* xq = nullptr;  // [M, K]
-  const float* xstep = nullptr;  // [M, ngroups]
+  const float* xstep = nullptr;  // [M, K / 32]
   const int32_t* qsum = nullptr;  // [M, K / 16]: sums of xq per 16 inputs
 };
 
@@ -173,7 +177,8 @@ inline int64_t block_start(int64_t M, int64_t i) {
 
 // Where a weight's constants live: apart (in p.scales), inline after each group's code
 // blocks, or per superblock (run_block_super).
-enum Form { kApart = 0, kInlineForm = 1, kSuperForm = 2, kSuperX8Form = 3 };
+enum Form { kApart = 0, kInlineForm = 1, kSuperForm = 2, kSuperX8Form = 3,
+           kInlineX8Form = 4, kApartX8Form = 5 };
 
 #ifdef SPECSERVE_INT4_AVX512
 
@@ -381,76 +386,158 @@ void run_block_super(const Problem& p, int64_t tile0, int64_t m0) {
 }
 
 #ifdef SPECSERVE_INT4_X8
+// The rows' int8 inputs (quantise_x8's xq, steps and sums of xq per 16) for the int8-activation
+// kernels below: row m's 32-bit words of xq, its steps (one per 32 inputs) and its xq sums.
+template <int MR>
+struct X8Rows {
+  const int32_t* xr[MR];
+  const float* xd[MR];
+  const int32_t* qs[MR];
+  int64_t word = 0;  // the next block's first 32-bit word of each row's xq
+
+  X8Rows(const Problem& p, int64_t m0) {
+    const int64_t nsub = p.K / specserve_native::kInt8XGroup;
+    for (int m = 0; m < MR; ++m) {
+      xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
+      xd[m] = p.xstep + (m0 + m) * nsub;
+      qs[m] = p.qsum + (m0 + m) * 2 * nsub;
+    }
+  }
+};
+
+// Sub-group j's (32 inputs: 4 code blocks of tiles w[0 .. NT), advanced past them) integer
+// sums against the rows' xq: d[t][m] = float(sum of q * xq (vpdpbusd: unsigned codes times
+// signed inputs, exact in int32) less 8 times the sum of xq), exact. A code block's nibbles,
+// interleaved bytewise (vpunpck{l,h}bw(lo, hi)), give in 32-bit lane i the codes of row i at
+// inputs (k0, k0 + 4, k0 + 1, k0 + 5) and (k0 + 2, k0 + 6, k0 + 3, k0 + 7): quantise_x8 stores
+// each block's 8 inputs in that order, so one broadcast 32-bit word of xq is the other operand.
+template <int NT, int MR>
+__attribute__((always_inline)) inline void sub_group_sums(const Problem& p,
+                                                          const uint8_t* (&w)[NT],
+                                                          const char*& ahead, int64_t pf,
+                                                          X8Rows<MR>& x, int64_t j,
+                                                          __m512 (&d)[NT][MR]) {
+  // Two accumulators a row and tile where there are few of them (latency), one otherwise
+  // (registers): the integer sums are exact, so the bits are the same either way.
+  constexpr bool kTwo = NT * MR <= 4;
+  __m512i a0[NT][MR], a1[NT][MR];
+  for (int t = 0; t < NT; ++t)
+    for (int m = 0; m < MR; ++m) {
+      a0[t][m] = _mm512_setzero_si512();
+      a1[t][m] = _mm512_setzero_si512();
+    }
+  constexpr int64_t kBlocks = specserve_native::kInt8XGroup / kBlockK;
+  for (int64_t b = 0; b < kBlocks; ++b, x.word += 2) {
+    for (int t = 0; t < NT; ++t) {
+      const __m512i raw = _mm512_loadu_si512(w[t]);
+      specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+      w[t] += kBlockBytes;
+      __m512i lo, hi;
+      specserve_native::int4_block_nibbles(raw, lo, hi);
+      const __m512i c0 = _mm512_unpacklo_epi8(lo, hi), c1 = _mm512_unpackhi_epi8(lo, hi);
+      for (int m = 0; m < MR; ++m) {
+        const int64_t word = x.word;
+        a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c0, _mm512_set1_epi32(x.xr[m][word]));
+        if constexpr (kTwo) {
+          a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], c1, _mm512_set1_epi32(x.xr[m][word + 1]));
+        } else {
+          a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c1, _mm512_set1_epi32(x.xr[m][word + 1]));
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    const __m512i centre = _mm512_set1_epi32(8 * (x.qs[m][2 * j] + x.qs[m][2 * j + 1]));
+    for (int t = 0; t < NT; ++t) {
+      const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
+      d[t][m] = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, centre));
+    }
+  }
+}
+
 // As run_block_super on int8 activations (the arithmetic in the header's last paragraph): per
-// sub-group j and row m, the sum of q * xq over the sub-group's 32 inputs (vpdpbusd: unsigned
-// codes times signed inputs, exact in int32) less 8 times the sum of xq, then
-//     y = fma(s * xstep[m, j], float(isum), y);  y = fma(fma(s, 8, e * mo_j), xsum[m, j], y)
-// A code block's nibbles, interleaved bytewise (vpunpck{l,h}bw(lo, hi)), give in 32-bit lane i
-// the codes of row i at inputs (k0, k0 + 4, k0 + 1, k0 + 5) and (k0 + 2, k0 + 6, k0 + 3,
-// k0 + 7): quantise_x8 stores each block's 8 inputs in that order, so one broadcast 32-bit
-// word of xq is the other operand.
+// sub-group j and row m, d = sub_group_sums' centred integer sum, then
+//     y = fma(s * xstep[m, j], d, y);  y = fma(fma(s, 8, e * mo_j), xsum[m, j], y)
 template <int NT, int MR>
 void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
   Streams<NT, MR> st(p, tile0, m0);
   auto& [w, ahead, pf, xs, xk, y] = st;
   (void)xk;
   const __m512 eight = _mm512_set1_ps(8.0f);
-  const int32_t* xr[MR];
-  const float* xd[MR];
-  const int32_t* qs[MR];
-  for (int m = 0; m < MR; ++m) {
-    xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
-    xd[m] = p.xstep + (m0 + m) * p.ngroups;
-    qs[m] = p.qsum + (m0 + m) * 2 * p.ngroups;
-  }
+  X8Rows<MR> x(p, m0);
   alignas(64) uint8_t codes[NT][256];
-  int64_t word = 0;  // the next block's first 32-bit word of each row's xq
-  // Two accumulators a row and tile where there are few of them (latency), one otherwise
-  // (registers): the integer sums are exact, so the bits are the same either way.
-  constexpr bool kTwo = NT * MR <= 4;
 
   for (int64_t g0 = 0; g0 < p.ngroups; g0 += kSuperGroups) {
     __m512 dv[NT], ev[NT];
     super_header<NT>(p, w, ahead, pf, dv, ev, codes);
     for (int64_t j = 0; j < kSuperGroups; ++j) {
-      __m512i a0[NT][MR], a1[NT][MR];
-      for (int t = 0; t < NT; ++t)
-        for (int m = 0; m < MR; ++m) {
-          a0[t][m] = _mm512_setzero_si512();
-          a1[t][m] = _mm512_setzero_si512();
-        }
-      for (int64_t b = 0; b < p.blocks_per_group; ++b, word += 2) {
-        for (int t = 0; t < NT; ++t) {
-          const __m512i raw = _mm512_loadu_si512(w[t]);
-          specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-          w[t] += kBlockBytes;
-          __m512i lo, hi;
-          specserve_native::int4_block_nibbles(raw, lo, hi);
-          const __m512i c0 = _mm512_unpacklo_epi8(lo, hi), c1 = _mm512_unpackhi_epi8(lo, hi);
-          for (int m = 0; m < MR; ++m) {
-            a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c0, _mm512_set1_epi32(xr[m][word]));
-            if constexpr (kTwo) {
-              a1[t][m] = _mm512_dpbusd_epi32(a1[t][m], c1, _mm512_set1_epi32(xr[m][word + 1]));
-            } else {
-              a0[t][m] = _mm512_dpbusd_epi32(a0[t][m], c1, _mm512_set1_epi32(xr[m][word + 1]));
-            }
-          }
-        }
-      }
       const int64_t g = g0 + j;
+      __m512 d[NT][MR];
+      sub_group_sums<NT, MR>(p, w, ahead, pf, x, g, d);
       for (int t = 0; t < NT; ++t) {
         __m512 s, offset;  // s exact: an fp16 times a six-bit code
         sub_group_constants(dv[t], ev[t], codes[t], j, s, offset);
         // the codes centred on 8: the offsets' term takes 8 s on the exact sums of x
         const __m512 bias = _mm512_fmadd_ps(s, eight, offset);
         for (int m = 0; m < MR; ++m) {
-          const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
-          const int32_t centre = 8 * (qs[m][2 * g] + qs[m][2 * g + 1]);
-          const __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_set1_epi32(centre)));
-          const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(xd[m][g]));
-          y[t][m] = _mm512_fmadd_ps(sx, d, y[t][m]);
+          const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(x.xd[m][g]));
+          y[t][m] = _mm512_fmadd_ps(sx, d[t][m], y[t][m]);
           y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
         }
+      }
+    }
+  }
+  store_tiles<NT, MR>(p, tile0, m0, y);
+}
+
+// As run_block (per-group constants, inline or apart; groups of G, a multiple of 32) on int8
+// activations (the header's last paragraph): per group g and row m, with the G / 32 sub-groups
+// j of the group in order,
+//     acc = d_0 * xstep[m, j_0];  acc = fma(d_j, xstep[m, j], acc) for the others
+//     y = fma(s, acc, y);  y = fma(fma(s, 0.5, c), xsum[m, g], y)
+// (w = (q - 7.5) s + c = (q - 8) s + c + 0.5 s: the centred codes meet the rounded x, the
+// offsets' term the exact sums of x).
+template <int NT, int MR, bool kInline>
+void run_block_group_x8(const Problem& p, int64_t tile0, int64_t m0) {
+  Streams<NT, MR> st(p, tile0, m0);
+  auto& [w, ahead, pf, xs, xk, y] = st;
+  (void)xk;
+  const int64_t tile_scales = p.ngroups * 2 * kTile;
+  const uint16_t* sc[NT];
+  for (int t = 0; t < NT; ++t) sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales;
+  const __m512 half = _mm512_set1_ps(0.5f);
+  X8Rows<MR> x(p, m0);
+  const int64_t subs = p.blocks_per_group * kBlockK / specserve_native::kInt8XGroup;
+  int64_t j = 0;  // the next sub-group of 32 inputs
+
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m512 acc[NT][MR];
+    for (int64_t i = 0; i < subs; ++i, ++j) {
+      __m512 d[NT][MR];
+      sub_group_sums<NT, MR>(p, w, ahead, pf, x, j, d);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 step = _mm512_set1_ps(x.xd[m][j]);
+        for (int t = 0; t < NT; ++t)
+          acc[t][m] = i == 0 ? _mm512_mul_ps(d[t][m], step)
+                             : _mm512_fmadd_ps(d[t][m], step, acc[t][m]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const uint16_t* c = sc[t];
+      if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
+        c = reinterpret_cast<const uint16_t*>(w[t]);
+        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+        w[t] += kBlockBytes;
+      } else {
+        sc[t] += 2 * kTile;
+      }
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+      const __m512 mid =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
+      const __m512 bias = _mm512_fmadd_ps(s, half, mid);
+      for (int m = 0; m < MR; ++m) {
+        y[t][m] = _mm512_fmadd_ps(s, acc[t][m], y[t][m]);
+        y[t][m] = _mm512_fmadd_ps(bias, _mm512_set1_ps(xs[m][g]), y[t][m]);
       }
     }
   }
@@ -466,6 +553,8 @@ void run_form(const Problem& p, int64_t tile0, int64_t m0) {
 #ifdef SPECSERVE_INT4_X8
   } else if constexpr (kForm == kSuperX8Form) {
     run_block_super_x8<NT, MR>(p, tile0, m0);
+  } else if constexpr (kForm == kInlineX8Form || kForm == kApartX8Form) {
+    run_block_group_x8<NT, MR, kForm == kInlineX8Form>(p, tile0, m0);
 #endif
   } else {
     run_block<NT, MR, kForm == kInlineForm>(p, tile0, m0);
@@ -1045,6 +1134,15 @@ void int4_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
 
 bool cpu_supported() { return cpu_missing().empty(); }
 
+#ifdef SPECSERVE_INT4_X8
+// Whether w has a kernel on int8 activations: superblock constants, or per-group constants
+// in groups of a multiple of 32.
+bool int8_x_applies(const PackedWeight& w) {
+  return w.super_form == 3 ||
+         (w.super_form == 0 && w.group_size % specserve_native::kInt8XGroup == 0);
+}
+#endif
+
 void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out, bool out_f32) {
   const int64_t K = w.K, ngroups = K / w.group_size;
   const int64_t ntiles = (w.N + kTile - 1) / kTile;
@@ -1067,10 +1165,11 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   std::vector<uint32_t> xi;
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
 #ifdef SPECSERVE_INT4_X8
-  // superblock constants on int8 activations: the rows quantised, no pair interleaving
-  const bool x8 = w.super_form == 3 && specserve_native::int8_activations();
+  // superblock constants, or inline per-group ones in groups of a multiple of 32, on int8
+  // activations: the rows quantised, no pair interleaving
+  const bool x8 = int8_x_applies(w) && specserve_native::int8_activations();
   std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
-  std::vector<float> x8step(static_cast<size_t>(x8 ? M * ngroups : 0));
+  std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / specserve_native::kInt8XGroup : 0));
   std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));
   if (x8) {
     specserve_native::quantise_x8(x, M, K, true, x8q.data(), x8step.data(), x8sum.data());
@@ -1159,6 +1258,16 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
       return;
     }
 #endif
+#ifdef SPECSERVE_INT4_X8
+    if (p.xq != nullptr) {
+      if (p.inline_constants) {
+        run_range<kInlineX8Form>(p, first, last);
+      } else {
+        run_range<kApartX8Form>(p, first, last);
+      }
+      return;
+    }
+#endif
     if (p.inline_constants) {
       run_range<kInlineForm>(p, first, last);
     } else {
@@ -1225,7 +1334,8 @@ bool int4_quantised_x() {
 #endif
 }
 
-// Whether weights with superblock constants multiply int8 activations now (int8_activations).
+// Whether weights with superblock constants, or per-group ones in groups of a multiple of 32,
+// multiply int8 activations now (int8_activations).
 bool int4_int8_activations() {
 #ifdef SPECSERVE_INT4_X8
   return specserve_native::int8_activations();
