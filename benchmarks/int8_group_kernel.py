@@ -27,7 +27,9 @@ per-group fp16 constants, ``--switch int4-superblocks`` the same for the int4 we
 constants as stored, or per-group fp16 constants rounded from them); their sums round
 differently, so these print the largest logit difference instead, as does ``--switch int8-x``:
 the K-quant matmuls on int8 activations (``vpdpbusd``, the default on AVX-512 VNNI builds) and
-on bf16 ones (``SPECSERVE_INT8_ACTIVATIONS=0``).
+on bf16 ones (``SPECSERVE_INT8_ACTIVATIONS=0``). ``--weights int4`` runs the step on the int4
+format instead (the file re-quantised to groups of 64 with per-group fp16 constants, which take
+int8 activations too).
 
     python benchmarks/int8_group_kernel.py
     python benchmarks/int8_group_kernel.py --rows 1 5 --shape down
@@ -45,6 +47,7 @@ on bf16 ones (``SPECSERVE_INT8_ACTIVATIONS=0``).
     python benchmarks/int8_group_kernel.py --part step --switch l2 --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 7
     python benchmarks/int8_group_kernel.py --part step --switch int8-x --rounds 15
+    python benchmarks/int8_group_kernel.py --part step --switch int8-x --weights int4 --rounds 9
 
 ``--part breakdown`` times a whole step of the gguf 1.5B over as many tokens as the smallest
 ``--rows`` against its 113 matmuls alone, alternating (what the rest of a step costs):
