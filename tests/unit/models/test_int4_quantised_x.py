@@ -19,7 +19,7 @@ native = pytest.mark.skipif(
 )
 quantised = pytest.mark.skipif(
     not int4_native.quantised_x(),
-    reason="the int4 kernel variant built here reads x as it is (no quantised-x path)",
+    reason="the int4 kernel variant built here has no one-row quantised-x path (AVX2 only)",
 )
 
 

@@ -324,7 +324,8 @@ def quantised_x() -> bool:
     (``csrc/int4_gemv.cpp``: the AVX2 variant, where decoding the codes to fp32 costs more than
     reading them). The outputs differ from the exact kernel's by about 0.6 %, which moves a
     draft's proposals, never the target's tokens. False where the kernel is not available or
-    has no such path (AVX-512 BF16 reads x as it is)."""
+    has no such one-row path (the AVX-512 variant: there all of a weight's calls take int8
+    activations or none, :func:`int8_activations`)."""
     return available() and bool(torch.ops.specserve.int4_quantised_x())
 
 

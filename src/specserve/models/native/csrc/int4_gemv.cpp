@@ -1158,7 +1158,8 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   }
   Problem p;
 #ifdef SPECSERVE_INT4_AVX2
-  // AVX-512 BF16 has no such path: vdpbf16ps reads x as it is
+  // the AVX-512 variant has no one-row-only path: all of a weight's calls take int8
+  // activations (int8_x_applies) or none
   const bool quantised = M == 1 && (w.tiles & kQuantisedX) != 0;
 #endif
 #ifdef SPECSERVE_INT4_AVX512
