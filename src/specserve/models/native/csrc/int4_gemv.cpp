@@ -271,6 +271,26 @@ void store_tiles(const Problem& p, int64_t tile0, int64_t m0, const __m512 (&y)[
   }
 }
 
+// A group's constants of one tile's rows, s and mid (per-group layouts): with kInline the block
+// after the group's codes in the tile's stream (w advanced past it), else the next 2 x 16
+// fp16 values at sc (advanced).
+template <bool kInline>
+__attribute__((always_inline)) inline void group_constants(const Problem& p, const uint8_t*& w,
+                                                           const uint16_t*& sc,
+                                                           const char*& ahead, int64_t pf,
+                                                           __m512& s, __m512& mid) {
+  const uint16_t* c = sc;
+  if constexpr (kInline) {
+    c = reinterpret_cast<const uint16_t*>(w);
+    specserve_native::prefetch_line(ahead, w, pf, p.l2);
+    w += kBlockBytes;
+  } else {
+    sc += 2 * kTile;
+  }
+  s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
+  mid = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
+}
+
 template <int NT, int MR, bool kInline>
 void run_block(const Problem& p, int64_t tile0, int64_t m0) {
   const __m512 offset = _mm512_set1_ps(-135.5f);  // -(128 + 7.5)
@@ -285,17 +305,8 @@ void run_block(const Problem& p, int64_t tile0, int64_t m0) {
     __m512 a0[NT][MR], a1[NT][MR];
     group_dots<NT, MR>(p, w, ahead, pf, xk, a0, a1);
     for (int t = 0; t < NT; ++t) {
-      const uint16_t* c = sc[t];
-      if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
-        c = reinterpret_cast<const uint16_t*>(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-        w[t] += kBlockBytes;
-      } else {
-        sc[t] += 2 * kTile;
-      }
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
-      const __m512 mid =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
+      __m512 s, mid;
+      group_constants<kInline>(p, w[t], sc[t], ahead, pf, s, mid);
       const __m512 bias = _mm512_fmadd_ps(s, offset, mid);
       for (int m = 0; m < MR; ++m) {
         const __m512 d = _mm512_add_ps(a0[t][m], a1[t][m]);
@@ -523,17 +534,8 @@ void run_block_group_x8(const Problem& p, int64_t tile0, int64_t m0) {
       }
     }
     for (int t = 0; t < NT; ++t) {
-      const uint16_t* c = sc[t];
-      if constexpr (kInline) {  // the group's block of constants, next in the tile's stream
-        c = reinterpret_cast<const uint16_t*>(w[t]);
-        specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
-        w[t] += kBlockBytes;
-      } else {
-        sc[t] += 2 * kTile;
-      }
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)));
-      const __m512 mid =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + kTile)));
+      __m512 s, mid;
+      group_constants<kInline>(p, w[t], sc[t], ahead, pf, s, mid);
       const __m512 bias = _mm512_fmadd_ps(s, half, mid);
       for (int m = 0; m < MR; ++m) {
         y[t][m] = _mm512_fmadd_ps(s, acc[t][m], y[t][m]);
