@@ -67,11 +67,11 @@
 //     acc = isum_j * step[m, j] for the first, acc = fma(isum_j, step[m, j], acc) after
 //     y = fma(s, acc, y);  y = fma(fma(s, 0.5, c), xsum[m, g], y)
 // (run_block_group_x8). Twice the products an instruction of vdpbf16ps, on codes that need no
-// conversion: a verify of several rows costs less, and one row no more. The rounding of x meets only the centred
-// codes (q - 8), whose products' errors cancel as those of the weights themselves do; the
-// offsets' term, 8 s included, keeps the exact sums of x (with q itself, every rounding error of
-// a group would add up times 7.5 s: twice the logits' error on the 1.5B). Every row's
-// arithmetic is again fixed, so rows stay batch invariant.
+// conversion: a verify of several rows costs less, and one row no more. The rounding of x
+// meets only the centred codes (q - 8), whose products' errors cancel as those of the weights
+// themselves do; the offsets' term, 8 s (or 0.5 s) included, keeps the exact sums of x (with
+// q itself, every rounding error of a group would add up times 7.5 s: twice the logits' error
+// on the 1.5B). Every row's arithmetic is again fixed, so rows stay batch invariant.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>

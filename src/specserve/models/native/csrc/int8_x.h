@@ -1,7 +1,7 @@
 // Int8 activations for the quantised matmuls on AVX-512 VNNI (int4_gemv.cpp's kernels for
-// Q4_K and for the int4 format's groups, int8_gemv.cpp's Q6_K one): each row of x rounded per 32 inputs to int8 steps, so that a
-// weight's integer codes multiply it with vpdpbusd (64 byte products an instruction, summed
-// exactly in int32; vdpbf16ps takes 32 bf16 ones).
+// Q4_K and for the int4 format's groups, int8_gemv.cpp's Q6_K one): each row of x rounded per
+// 32 inputs to int8 steps, so that a weight's integer codes multiply it with vpdpbusd (64 byte
+// products an instruction, summed exactly in int32; vdpbf16ps takes 32 bf16 ones).
 #pragma once
 
 #include <immintrin.h>
@@ -20,10 +20,11 @@ namespace specserve_native {
 constexpr int64_t kInt8XGroup = 32;  // inputs sharing one step
 
 // Whether weights with superblock constants (the K-quants' Q4_K and Q6_K) and int4 weights
-// with per-group constants in groups of a multiple of 32 multiply int8 activations (the default where the build has AVX-512 VNNI) or bf16 ones
-// (SPECSERVE_INT8_ACTIVATIONS=0). Read on every call, like sweep_prefetch() in simd.h, so
-// that a benchmark can alternate both in one process; unlike it, the switch changes the
-// outputs (each row's the same way whatever the batch).
+// with per-group constants in groups of a multiple of 32 multiply int8 activations (the
+// default where the build has AVX-512 VNNI) or bf16 ones (SPECSERVE_INT8_ACTIVATIONS=0).
+// Read on every call, like sweep_prefetch() in simd.h, so that a benchmark can alternate both
+// in one process; unlike it, the switch changes the outputs (each row's the same way whatever
+// the batch).
 inline bool int8_activations() {
   const char* v = std::getenv("SPECSERVE_INT8_ACTIVATIONS");
   return v == nullptr || std::strcmp(v, "0") != 0;
