@@ -228,7 +228,10 @@ def _int4_per_group(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8
     if not getattr(p, "superblock_constants", False):
         return p
     codes, scale, minimum = int4_superblock.unpack(p.qweight, p.out_features)
-    return int4_native.pack(Int4Weight(pack_nibbles(codes), scale, minimum, int4_superblock.GROUP))
+    weight = Int4Weight(pack_nibbles(codes), scale, minimum, int4_superblock.GROUP)
+    packed = int4_native.pack(weight)
+    packed.exact_x = True  # as the file's per-group blocks: bf16 x
+    return packed
 
 
 def _apart(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed

@@ -11,6 +11,7 @@ import torch
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import AttentionMetadata, DecoderLM
 from specserve.models.native import bf16_native, fused_layer, int4_native
+from specserve.models.native.tile_stream import EXACT_X
 from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
 from tests.fused_reference import reference
@@ -357,6 +358,36 @@ def test_describe_names_the_path(fmt: str) -> None:
     fused_layer.disable(model)
     assert fused_layer.describe(model) == "eager (not enabled)"
     assert fused_layer.describe(_model(dtype=torch.float32)).startswith("eager (needs bf16")
+
+
+@native
+def test_a_layer_with_exact_x_projections_keeps_x_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a GGUF file's per-group blocks keep x exact (``exact_x``) the fused op does so for
+    the whole layer: its outputs are the bits of ``SPECSERVE_INT8_ACTIVATIONS=0``, whatever
+    the int4 format's groups would take, and the description names no int8 x."""
+    model = _model()
+    for module in model.modules():
+        packed = getattr(module, "native", None)
+        if packed is not None and hasattr(packed, "exact_x"):
+            packed.exact_x = module is model.model.layers[0].mlp.down_proj or packed.exact_x
+    fused_layer.enable(model)  # one projection of layer 0 marked: the layer takes the bit
+    first, second = (layer.fused for layer in model.model.layers)
+    assert first.args[-1] & EXACT_X and first.short_mode & EXACT_X
+    assert not second.args[-1] & EXACT_X and not second.short_mode & EXACT_X
+    ids = IDS[:7]
+    marked = SingleSequenceCache(model, 32).forward(ids)
+    assert fused_layer.describe(model) == f"native int4_decoder_layer{_INT4_X8}"  # layer 1
+    for module in model.modules():
+        packed = getattr(module, "native", None)
+        if packed is not None and hasattr(packed, "exact_x"):
+            packed.exact_x = True
+    fused_layer.enable(model)
+    assert fused_layer.describe(model) == "native int4_decoder_layer"
+    exact = SingleSequenceCache(model, 32).forward(ids)
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    assert torch.equal(exact, SingleSequenceCache(model, 32).forward(ids))
+    if _INT4_X8:  # layer 1 took int8 x while only layer 0 kept x exact
+        assert not torch.equal(marked, exact)
 
 
 @native

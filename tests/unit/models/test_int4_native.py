@@ -321,6 +321,29 @@ def test_int8_activations_of_int4_groups_stay_near_the_exact_product_and_switch_
     assert float((y - exact).norm() / exact.norm()) < 1e-5
 
 
+@x8_kernel
+def test_a_gguf_files_per_group_blocks_keep_x_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF file's Q4_0 / Q4_1 blocks (``stored_linear`` marks their packed weight
+    ``exact_x``) keep bf16 activations where the int4 format's groups take int8 ones: the bits
+    of ``SPECSERVE_INT8_ACTIVATIONS=0``, in one-row and several-row calls; the flag reaches the
+    op as ``EXACT_X`` in the ``tiles`` argument."""
+    from specserve.models.native.tile_stream import EXACT_X
+    from specserve.models.quant.stored import stored_linear
+
+    weight = _random_codes_weight(48, 512, 32, seed=7)
+    linear = stored_linear(weight, None, torch.bfloat16, torch.device("cpu"))
+    stored = linear.native
+    assert isinstance(stored, Int4Packed) and stored.exact_x
+    assert stored.op_args(3)[-1] & EXACT_X and not pack(weight).op_args(3)[-1] & EXACT_X
+    x = torch.randn(5, 512).to(torch.bfloat16)
+    on = [matmul(x[:m], stored) for m in (1, 5)]
+    int8_x = matmul(x, pack(weight))
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    off = [matmul(x[:m], pack(weight)) for m in (1, 5)]
+    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+    assert not torch.equal(int8_x, off[1])  # the int4 format's groups did take int8 x
+
+
 @native
 def test_thread_count_does_not_change_results() -> None:
     packed = pack(_random_codes_weight(16 * 37 + 3, 1536, 64))

@@ -52,8 +52,10 @@ from specserve.models.native import bf16_native, int4_native, int8_native
 from specserve.models.native.env_switch import switched_off
 from specserve.models.native.tile_stream import (
     QUANTISED_X,
+    TILES_MASK,
     TILES_PERMITTED,
     TILES_SWITCHED,
+    exact_x_bit,
 )
 from specserve.models.quant.int8_group import Int8GroupLinear
 from specserve.models.quant.layers import Int4Linear
@@ -79,12 +81,10 @@ class LayerWeights:
     layer_idx: int
     op: str
     args: tuple[object, ...]
-    # int4_decoder_layer: forwards of fewer rows pass short_mode as its last argument (the
-    # tiles never; QUANTISED_X kept)
+    # int4_decoder_layer: forwards of fewer rows pass short_mode last (no tiles; x bits kept)
     tiles_from_rows: int = 1
     short_mode: int = 0
-    # The residual stream's dtype between layers (run_layers): fp32 unless
-    # SPECSERVE_FP32_RESIDUAL=0 asks for bf16 (the eager module's rounding)
+    # The stream's dtype between layers: fp32 unless SPECSERVE_FP32_RESIDUAL=0 (eager's bf16)
     residual: torch.dtype = torch.float32
 
 
@@ -136,6 +136,7 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
     assert isinstance(qkv, _QUANT_LINEARS) and qkv.native is not None
     bias = qkv.bias if qkv.bias is not None else torch.empty(0, dtype=torch.bfloat16)
     input_norm, post_norm, qk_norms = _norms(layer)
+    exact = exact_x_bit((qkv, attn.o_proj, gate_up, mlp.down_proj))
     args = (
         input_norm,
         *qkv_args,
@@ -149,13 +150,12 @@ def _int4_layer(layer: DecoderLayer) -> LayerWeights:
         attn.num_heads,
         attn.num_kv_heads,
         float(layer.input_layernorm.eps),
-        # allow_tiles and set_draft set it for every projection of a model alike; run_layers
-        # passes short_mode instead for forwards of fewer than tiles_from_rows rows
-        qkv.native.tile_mode(qkv.native.tiles_from_rows),
+        # as allow_tiles / set_draft set all four (short_mode: forwards below tiles_from_rows)
+        qkv.native.tile_mode(qkv.native.tiles_from_rows) | exact,
     )
-    native = qkv.native
+    n = qkv.native
     return LayerWeights(
-        attn.layer_idx, "int4_decoder_layer", args, native.tiles_from_rows, native.tile_mode(1)
+        attn.layer_idx, "int4_decoder_layer", args, n.tiles_from_rows, n.tile_mode(1) | exact
     )
 
 
@@ -262,9 +262,9 @@ def describe(model: DecoderLM) -> str:
         one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x()
         x8 = f", {k} on int8 x" if (k := int4_native.int8_activation_kind(model)) else ""
         x8 += (", x in int8 for one-row int4 matmuls" if one_row_x8 else "") + bf16_stream
-        if mode & ~QUANTISED_X == TILES_SWITCHED and int4_native.amx_tiles():
+        if mode & TILES_MASK == TILES_SWITCHED and int4_native.amx_tiles():
             return f"native {fused.op} on AMX tiles{x8}"
-        if mode & ~QUANTISED_X == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
+        if mode & TILES_MASK == TILES_PERMITTED and int4_native.amx_tiles(switched=False):
             return f"native {fused.op} on AMX tiles from {fused.tiles_from_rows} rows{x8}"
         return f"native {fused.op}{x8}"
     return f"eager ({why_not(model) or 'not enabled'})"

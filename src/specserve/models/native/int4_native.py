@@ -125,6 +125,8 @@ class Int4Packed(tile_stream.PackedTiles):
     tiles_from_rows: int = field(default=1, init=False)
     # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
     quantised_x: bool = field(default=False, init=False)
+    # Per-group int4 constants of a GGUF file's blocks: x stays bf16 (tile_stream.EXACT_X).
+    exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the layout
@@ -349,8 +351,8 @@ def int8_activation_kind(model: torch.nn.Module) -> str | None:
     in words: ``"K-quants"`` for weights with superblock constants (int4's
     ``superblock_constants``, int8-group's ``superblock_form``), else ``"int4 groups"`` for
     int4 weights with per-group constants in groups of a multiple of 32 that some calls run
-    on the kernels (not those whose every call the AMX tiles take, :func:`amx_tiles`); None
-    for neither or while the switch is off."""
+    on the kernels (not those whose every call the AMX tiles take, :func:`amx_tiles`, nor a
+    GGUF file's blocks, ``exact_x``); None for neither or while the switch is off."""
     if not int8_activations():
         return None
     packed = [getattr(m, "native", None) for m in model.modules()]
@@ -363,6 +365,7 @@ def int8_activation_kind(model: torch.nn.Module) -> str | None:
     if any(
         isinstance(p, Int4Packed)
         and p.group_size % X8_GROUP == 0
+        and not p.exact_x
         and not (all_on_tiles and p.tiles and p.tiles_from_rows <= 1)
         for p in packed
     ):

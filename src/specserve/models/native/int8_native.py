@@ -140,6 +140,8 @@ class Int8Packed(tile_stream.PackedTiles):
     tiles_from_rows: int = field(default=1, init=False)
     # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
     quantised_x: bool = field(default=False, init=False)
+    # Per-group int4 constants of a GGUF file's blocks: x stays bf16 (tile_stream.EXACT_X).
+    exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit

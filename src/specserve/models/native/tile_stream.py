@@ -13,6 +13,7 @@ same for both; only where they read the constants differs. With the constants in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
@@ -119,6 +120,23 @@ TILES_NEVER, TILES_SWITCHED, TILES_PERMITTED = 0, 1, 2
 # ... plus whether a one-row call may quantise x to int8 (a draft model's weights; the AVX2
 # int4 kernel's cheaper path, ``int4_native.quantised_x``; the other kernels ignore it).
 QUANTISED_X = 4
+# ... plus whether x stays bf16 for per-group int4 constants where the kernel would take int8
+# activations (``int4_native.int8_activations``): a GGUF file's Q4_0 / Q4_1 blocks
+# (``exact_x``), whose numbers the gguf format keeps (int8 x cost SmolLM2's Q4_1 file 0.1 %
+# more log-likelihood, docs/benchmarks.md); the K-quants and the int4 format take int8 x.
+EXACT_X = 8
+# the bits of the AMX tiles' choice in a mode
+TILES_MASK = 3
+
+
+def exact_x_bit(modules: Iterable[object]) -> int:
+    """:data:`EXACT_X` if the packed weight (``.native``) of any of ``modules`` keeps x exact,
+    else 0: a fused layer op takes one mode for all its projections."""
+    return (
+        EXACT_X
+        if any(getattr(getattr(m, "native", None), "exact_x", False) for m in modules)
+        else 0
+    )
 
 
 class PackedTiles:
@@ -149,10 +167,11 @@ class PackedTiles:
     tiles: bool
     tiles_from_rows: int
     quantised_x: bool
+    exact_x: bool
 
     def tile_mode(self, rows: int) -> int:
         """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
-        x8 = QUANTISED_X if self.quantised_x else 0
+        x8 = (QUANTISED_X if self.quantised_x else 0) | (EXACT_X if self.exact_x else 0)
         if not self.tiles or rows < self.tiles_from_rows:
             return TILES_NEVER | x8
         return (TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED) | x8

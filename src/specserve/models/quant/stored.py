@@ -97,7 +97,10 @@ def stored_linear(
 ) -> nn.Module:
     """The linear module computing ``weight`` (its native kernel where available)."""
     if isinstance(weight, Int4Weight):
-        return Int4Linear(weight, bias, dtype, device)
+        linear = Int4Linear(weight, bias, dtype, device)
+        if linear.native is not None and not linear.native.superblock_constants:
+            linear.native.exact_x = True  # the file's Q4_0 / Q4_1 blocks keep bf16 x
+        return linear
     return Int8GroupLinear(weight, bias, dtype, device)
 
 

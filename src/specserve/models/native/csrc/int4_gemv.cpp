@@ -1137,11 +1137,12 @@ void int4_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
 bool cpu_supported() { return cpu_missing().empty(); }
 
 #ifdef SPECSERVE_INT4_X8
-// Whether w has a kernel on int8 activations: superblock constants, or per-group constants
-// in groups of a multiple of 32.
+// Whether w takes int8 activations: superblock constants, or per-group constants in groups of
+// a multiple of 32 unless the caller keeps x exact (kExactX: a GGUF file's Q4_0 / Q4_1).
 bool int8_x_applies(const PackedWeight& w) {
   return w.super_form == 3 ||
-         (w.super_form == 0 && w.group_size % specserve_native::kInt8XGroup == 0);
+         (w.super_form == 0 && w.group_size % specserve_native::kInt8XGroup == 0 &&
+          (w.tiles & kExactX) == 0);
 }
 #endif
 

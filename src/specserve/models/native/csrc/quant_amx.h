@@ -15,6 +15,9 @@ constexpr int64_t kTilesMask = 3;
 // ... and whether a one-row call may quantise x to 8 bits (a draft model's weights: the AVX2
 // int4 kernel's cheaper one-row path, int4_gemv.cpp; ignored by the other kernels).
 constexpr int64_t kQuantisedX = 4;
+// ... and whether per-group int4 constants keep bf16 activations where they would take int8
+// ones (a GGUF file's Q4_0 / Q4_1 blocks: tile_stream.EXACT_X)
+constexpr int64_t kExactX = 8;
 
 // Whether the build has the tile kernels and the OS grants the tile state (the switch aside).
 bool quant_amx_permitted();
