@@ -140,7 +140,8 @@ class Int8Packed(tile_stream.PackedTiles):
     tiles_from_rows: int = field(default=1, init=False)
     # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
     quantised_x: bool = field(default=False, init=False)
-    # Per-group int4 constants of a GGUF file's blocks: x stays bf16 (tile_stream.EXACT_X).
+    # PackedTiles' flag for a GGUF file's per-group int4 blocks; the int8-group kernel never
+    # takes int8 activations for per-group constants, so it stays False here.
     exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:

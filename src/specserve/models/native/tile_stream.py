@@ -171,10 +171,10 @@ class PackedTiles:
 
     def tile_mode(self, rows: int) -> int:
         """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
-        x8 = (QUANTISED_X if self.quantised_x else 0) | (EXACT_X if self.exact_x else 0)
+        x_bits = (QUANTISED_X if self.quantised_x else 0) | (EXACT_X if self.exact_x else 0)
         if not self.tiles or rows < self.tiles_from_rows:
-            return TILES_NEVER | x8
-        return (TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED) | x8
+            return TILES_NEVER | x_bits
+        return (TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED) | x_bits
 
     def op_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
         """What the matmul ops (``int4_gemm``, ``int8_gemm``) take after ``x # [rows, K]``."""
