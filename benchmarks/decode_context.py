@@ -19,9 +19,17 @@ draft marked as a draft) after each context, each model's forward over T new tok
 verify of T - 1 drafts) and over one token, with the fused layers' attention as it runs
 (the default) and in its earlier form (``SPECSERVE_FAST_ATTENTION=0``: each query row on its
 own, blocks of 4 keys, one value register's chain after the other) in alternation, so both
-see the same machine; the two give the same bits (checked once per model and context):
+see the same machine; the two give the same bits (checked once per model and context;
+both score keys as fp32 chains, ``SPECSERVE_BF16_SCORES=0``):
 
     python benchmarks/decode_context.py --verify 5 --contexts 8,800,2000 --steps 15
+
+``--switch bf16-scores``: the other setting is instead the attention with its scores as fp32
+chains per key (``SPECSERVE_BF16_SCORES=0``) against the default on AVX-512 BF16 builds, the
+keys in lanes and scored by ``vdpbf16ps`` (``csrc/key_lanes.h``); their bits differ, so the
+table gives the largest logit difference between the two instead:
+
+    python benchmarks/decode_context.py --verify 5 --contexts 8,2000,4000 --switch bf16-scores
 
 Run it alone on the machine: it measures memory traffic.
 """
@@ -56,6 +64,10 @@ def main() -> int:
         "--verify", type=int, default=0, metavar="T",
         help="time T-token and one-token forwards, attention fast and earlier, instead",
     )  # fmt: skip
+    ap.add_argument(
+        "--switch", choices=sorted(SWITCHES), default="fast-attention",
+        help="with --verify: the setting alternated with the default",
+    )  # fmt: skip
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     if not contexts or min(contexts) < 1 or args.steps < 3:
@@ -63,7 +75,7 @@ def main() -> int:
     if args.verify:
         if args.verify < 2:
             ap.error("--verify takes at least 2 tokens")
-        return verify_part(contexts, args.steps, args.verify)
+        return verify_part(contexts, args.steps, args.verify, args.switch)
     draft = load_in_format(DRAFT, "int4", torch.bfloat16).model
     fused_layer.set_draft(draft)
     target = load_model(TARGET, dtype=torch.bfloat16).model
@@ -96,12 +108,19 @@ def main() -> int:
     return 0
 
 
-SWITCH = "SPECSERVE_FAST_ATTENTION"
+# --switch: the variable that turns the default off, and whether both settings give the same bits
+SWITCHES = {
+    "fast-attention": ("SPECSERVE_FAST_ATTENTION", True),
+    "bf16-scores": ("SPECSERVE_BF16_SCORES", False),
+}
 
 
-def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
-    """``--verify``: each model's T-token and one-token forwards with the attention fast and in
-    its earlier form, alternating, after each context."""
+def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> int:
+    """``--verify``: each model's T-token and one-token forwards with the attention as it runs
+    and with ``switch`` off, alternating, after each context."""
+    variable, same_bits = SWITCHES[switch]
+    if same_bits:  # both forms' scores as fp32 chains, the arithmetic they share
+        os.environ["SPECSERVE_BF16_SCORES"] = "0"
     target = load_in_format(TARGET, "gguf", torch.bfloat16).model
     draft = load_in_format(DRAFT, "int4", torch.bfloat16).model
     fused_layer.set_draft(draft)
@@ -109,6 +128,8 @@ def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
         if not fused_layer.enable(model):
             raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
     print(f"target: {fused_layer.describe(target)}; draft: {fused_layer.describe(draft)}")
+    lanes = {d: torch.ops.specserve.fused_bf16_scores(d) for d in {64, 128}}
+    print(f"attention scores in lanes (vdpbf16ps) now, by head dims: {lanes}")
     new = [(11 * i + 5) % 1000 + 100 for i in range(tokens)]
     cases = []
     for label, model in (("target", target), ("draft", draft)):
@@ -118,17 +139,21 @@ def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
             cases.append((label, n, cache))
 
     def forward(cache: SingleSequenceCache, n: int, ids: list[int], fast: bool):  # type: ignore[no-untyped-def]
-        os.environ[SWITCH] = "1" if fast else "0"
+        os.environ[variable] = "1" if fast else "0"
         t0 = time.perf_counter()
         logits = cache.model.compute_logits(cache.forward(ids))
         dt = time.perf_counter() - t0
         cache.truncate(n)
         return dt, logits
 
+    gap: dict[tuple[str, int], float] = {}  # the largest logit difference (bits differ)
     for label, n, cache in cases:
         for ids in (new, new[:1]):
-            if not torch.equal(forward(cache, n, ids, True)[1], forward(cache, n, ids, False)[1]):
+            a, b = forward(cache, n, ids, True)[1], forward(cache, n, ids, False)[1]
+            if same_bits and not torch.equal(a, b):
                 raise SystemExit(f"the two attention forms differ: {label}, context {n}")
+            key = (label, n)
+            gap[key] = max(gap.get(key, 0.0), (a.float() - b.float()).abs().max().item())
     times: dict[tuple[str, int, int, bool], list[float]] = {}
     for _ in range(steps):
         for label, n, cache in cases:
@@ -136,18 +161,22 @@ def verify_part(contexts: list[int], steps: int, tokens: int) -> int:
                 for fast in (True, False):
                     key = (label, n, len(ids), fast)
                     times.setdefault(key, []).append(forward(cache, n, ids, fast)[0])
-    os.environ.pop(SWITCH, None)
+    os.environ.pop(variable, None)
     med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
-    print(f"| model | context | {tokens} tokens ms | earlier ms | earlier / now | "
-          "1 token ms | earlier ms | earlier / now |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    other = "earlier" if same_bits else "fp32 scores"
+    gap_head = "" if same_bits else " max logit diff |"
+    print(f"| model | context | {tokens} tokens ms | {other} ms | {other} / now | "
+          f"1 token ms | {other} ms | {other} / now |{gap_head}")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|" + ("" if same_bits else "---|"))
     for label, n, _ in cases:
         cells = []
         for t in (tokens, 1):
             a, b = med[(label, n, t, True)], med[(label, n, t, False)]
             cells.append(f"{a:.1f} | {b:.1f} | {b / a:.2f}")
-        print(f"| {label} | {n} | {' | '.join(cells)} |")
-    print(f"({steps} rounds, medians; the same bits either way)")
+        diff = "" if same_bits else f" {gap[(label, n)]:.3g} |"
+        print(f"| {label} | {n} | {' | '.join(cells)} |{diff}")
+    bits = "the same bits either way" if same_bits else "logits of both lengths compared"
+    print(f"({steps} rounds, medians; {bits})")
     return 0
 
 

@@ -10,7 +10,7 @@ import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import AttentionMetadata, DecoderLM
-from specserve.models.native import bf16_native, fused_layer, int4_native
+from specserve.models.native import bf16_native, build, fused_layer, int4_native
 from specserve.models.native.tile_stream import EXACT_X
 from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
@@ -230,7 +230,9 @@ def test_attention_in_its_earlier_form_gives_the_same_bits(
     and runs its chains side by side; its earlier form (SPECSERVE_FAST_ATTENTION=0) took each
     row on its own and ran them one after another: two sequences of 5 new rows each, their
     contexts 47 and 84 tokens (the rows' key counts 48-52 and 85-89 leave every remainder
-    modulo a block of 8 keys, and of 4), give the same bits either way."""
+    modulo a block of 8 keys, and of 4), give the same bits either way. (Both with the scores
+    as fp32 chains, SPECSERVE_BF16_SCORES=0: the keys in lanes are another arithmetic.)"""
+    monkeypatch.setenv("SPECSERVE_BF16_SCORES", "0")
     model = _model(fmt=fmt)
     block = 32
     prompts = [[(7 * i + 3) % 89 + 1 for i in range(47)], [(5 * i + 2) % 83 + 1 for i in range(84)]]
@@ -247,6 +249,43 @@ def test_attention_in_its_earlier_form_gives_the_same_bits(
     earlier = run()
     monkeypatch.delenv("SPECSERVE_FAST_ATTENTION")
     assert torch.equal(run(), earlier)
+
+
+# Scores with the keys in lanes (csrc/key_lanes.h): built where the CPU has AVX-512 BF16.
+_KEY_LANES = {"avx512f", "avx512_bf16"} <= build.cpu_signature()[1]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("context", [45, 86])
+def test_scores_in_lanes_and_as_fp32_chains_both_agree(
+    context: int, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the build scores keys in lanes (vdpbf16ps over the dim pairs; the library says
+    so), its steps after a long prompt are near the scores as fp32 chains
+    (SPECSERVE_BF16_SCORES=0), and a verify's rows equal its one-token steps bit for bit either
+    way. (On these tiny models the two forms' scores differ by fp32 roundings, which the
+    attention output's rounding to bf16 nearly always absorbs: the hidden states may well be
+    the same bits.)"""
+    model = _model("qwen2", fmt)
+    _, tolerance = reference(model, "fp32")
+    ids = [(7 * i + 3) % 89 + 1 for i in range(context)]
+    new = [3, 7, 11, 2]
+
+    def steps_and_verify() -> tuple[torch.Tensor, torch.Tensor]:
+        one, chunked = SingleSequenceCache(model, 128), SingleSequenceCache(model, 128)
+        one.forward(ids)
+        chunked.forward(ids)
+        return torch.cat([one.forward([t]) for t in new]), chunked.forward(new)
+
+    assert torch.ops.specserve.fused_bf16_scores(32) == _KEY_LANES  # head_dim 32 (SHAPE)
+    assert not torch.ops.specserve.fused_bf16_scores(16)  # not a multiple of 32
+    lanes, lanes_verify = steps_and_verify()
+    monkeypatch.setenv("SPECSERVE_BF16_SCORES", "0")
+    assert not torch.ops.specserve.fused_bf16_scores(32)
+    chains, chains_verify = steps_and_verify()
+    assert torch.equal(lanes_verify, lanes) and torch.equal(chains_verify, chains)
+    err = float((lanes.float() - chains.float()).norm() / chains.float().norm())
+    assert err < tolerance, err
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -51,6 +51,7 @@ HEADERS = (
     CSRC / "code_pairs.h",
     CSRC / "quant_amx.h",
     CSRC / "int8_x.h",
+    CSRC / "key_lanes.h",
 )
 # The library's matmul ops (all registered once it is loaded).
 GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")

@@ -54,6 +54,7 @@
 #include "bf16_gemm.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
+#include "key_lanes.h"
 #include "simd.h"
 
 namespace {
@@ -131,6 +132,7 @@ struct AttentionProblem {
   int64_t T, S, nh, nkv, hd;
   float scale;
   bool fast;  // fast_attention()
+  bool lanes;  // bf16_scores(): the keys in lanes, scores by vdpbf16ps (key_lanes.h)
 };
 
 // Keys ahead whose K and V rows attend() prefetches: the cache rows of a layer come from
@@ -207,7 +209,31 @@ inline void add_values_serial(const float* pg, const float* vf, int64_t nj, int6
   }
 }
 
+#ifdef __AVX512F__
+// add_values on 16-lane registers: each lane the same chain of FMAs over the keys in order as
+// on 8-lane ones (the same bits), half the instructions.
+template <int C>
+inline void add_values16(const float* pg, const float* vf, int64_t nj, float* o) {
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(o + 16 * c);
+  for (int64_t i = 0; i < nj; ++i) {
+    const __m512 w = _mm512_set1_ps(pg[i]);
+    for (int c = 0; c < C; ++c)
+      acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + i * C * 16 + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
+}
+#endif
+
 inline void add_value_block(const float* pg, const float* vf, int64_t nj, int64_t hd, float* o) {
+#ifdef __AVX512F__
+  switch (hd) {
+    case 128: return add_values16<8>(pg, vf, nj, o);
+    case 64: return add_values16<4>(pg, vf, nj, o);
+    case 32: return add_values16<2>(pg, vf, nj, o);
+    default: break;
+  }
+#endif
   switch (hd) {
     case 128: return add_values<16>(pg, vf, nj, o);
     case 64: return add_values<8>(pg, vf, nj, o);
@@ -226,6 +252,55 @@ inline bool fast_attention() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Whether the fast form scores keys in lanes with vdpbf16ps (key_lanes.h: AVX-512 BF16 builds,
+// head dims a multiple of 32; the default there) or as fp32 chains per key
+// (SPECSERVE_BF16_SCORES=0, and every other build): different bits, each batch invariant.
+// Read once per layer call, like fast_attention().
+inline bool bf16_scores(int64_t hd) {
+#ifdef SPECSERVE_KEY_LANES
+  const char* v = std::getenv("SPECSERVE_BF16_SCORES");
+  return hd % 32 == 0 && (v == nullptr || std::strcmp(v, "0") != 0);
+#else
+  (void)hd;
+  return false;
+#endif
+}
+
+#ifdef SPECSERVE_KEY_LANES
+// attend()'s scores with the keys in lanes (key_lanes.h): blocks of 16 keys, each turned
+// once for all the rows' query heads that reach into it; a row's scores past its own keys
+// are computed too (from later rows' keys, or zero rows past n_max) and then masked by the
+// softmax, as the tail of a block always was. scores: row r's head g at
+// [(r * group + g) * stride].
+template <class Row, class Prefetch>
+void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h, const Row& k_row,
+                    const Prefetch& prefetch_keys, int64_t n_max, int64_t stride, float* scores) {
+  using specserve_native::kLaneKeys;
+  const int64_t group = a.nh / a.nkv, hd = a.hd;
+  const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
+  thread_local std::vector<__m512i> kt;
+  thread_local std::vector<const uint16_t*> qs;
+  thread_local std::vector<float*> outs;
+  kt.resize(static_cast<size_t>(hd / 2));
+  qs.resize(static_cast<size_t>(T * group));
+  outs.resize(static_cast<size_t>(T * group));
+  for (int64_t j0 = 0; j0 < n_max; j0 += kLaneKeys) {
+    const int64_t nj = std::min(kLaneKeys, n_max - j0);
+    prefetch_keys(j0 + kLaneKeys, j0 + 2 * kLaneKeys);
+    specserve_native::keys_to_lanes(k_row, j0, nj, hd, kt.data());
+    int64_t nq = 0;  // the query heads of the rows with keys in this block
+    for (int64_t r = 0; r < T; ++r) {
+      if (a.positions[m0 + r] + 1 <= j0) continue;
+      for (int64_t g = 0; g < group; ++g, ++nq) {
+        qs[nq] = a.qkv + (m0 + r) * row_stride + (h * group + g) * hd;
+        outs[nq] = scores + (r * group + g) * stride + j0;
+      }
+    }
+    specserve_native::score_queries(qs.data(), kt.data(), hd, a.scale, outs.data(), nq);
+  }
+}
+#endif
+
 // The T query rows from m0 (of one sequence), the query heads of kv head h: softmax(q k^T *
 // scale) v over keys 0..p of each row (p its position). Each q.k is one chain of FMAs over the
 // head's dims in order, then reduce_add (score_keys: the chains of a block's kKeyBlock keys
@@ -236,6 +311,8 @@ inline bool fast_attention() {
 // takes from a block only the keys up to its own position, so its arithmetic is the same
 // whatever the other rows are. With a.fast off (fast_attention), the earlier form: T = 1 per
 // call, blocks of 4 keys, the value registers one after the other; the same bits, slower.
+// With a.lanes (bf16_scores), the scores come instead from score_in_lanes: other bits, the
+// same independence of the other rows.
 void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const int64_t group = a.nh / a.nkv, hd = a.hd;
   const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
@@ -245,7 +322,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
   int64_t n_max = 0;
   for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
-  const int64_t n8_max = (n_max + 7) / 8 * 8;
+  const int64_t stride = (n_max + 15) / 16 * 16;  // a row's scores: whole blocks of 16 keys
   // K rows into L1 for the q.k loop, V rows into L2 for the value loop (which pulls them
   // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n_max)).
   const auto prefetch_keys = [&](int64_t from, int64_t to) {
@@ -255,14 +332,14 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
     }
   };
   // Per worker thread, reused across calls (no allocation per head and layer): row r's head
-  // g at q[(r * group + g) * hd], its scores at scores[(r * group + g) * n8_max], its sums at
+  // g at q[(r * group + g) * hd], its scores at scores[(r * group + g) * stride], its sums at
   // acc[(r * group + g) * hd]; block: up to kKeyBlock cache rows in fp32.
   thread_local std::vector<float> q, scores, acc, block;
   q.resize(static_cast<size_t>(T * group * hd));
-  scores.resize(static_cast<size_t>(T * group * n8_max));
+  scores.resize(static_cast<size_t>(T * group * stride));
   acc.assign(static_cast<size_t>(T * group * hd), 0.0f);
   block.resize(static_cast<size_t>(kKeyBlock * hd));
-  for (int64_t r = 0; r < T; ++r)
+  for (int64_t r = 0; r < T && !a.lanes; ++r)  // (in lanes, the scores read q as bf16)
     for (int64_t g = 0; g < group; ++g) {
       const uint16_t* qr = a.qkv + (m0 + r) * row_stride + (h * group + g) * hd;
       float* qd = &q[(r * group + g) * hd];
@@ -270,6 +347,11 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
     }
   prefetch_keys(0, kKeysAhead);
   const int64_t kb = a.fast ? kKeyBlock : 4;
+#ifdef SPECSERVE_KEY_LANES
+  if (a.lanes) {
+    score_in_lanes(a, m0, T, h, k_row, prefetch_keys, n_max, stride, scores.data());
+  } else
+#endif
   for (int64_t j0 = 0; j0 < n_max; j0 += kb) {
     const int64_t nj_max = std::min(kb, n_max - j0);
     prefetch_keys(j0 + kKeysAhead, j0 + kKeysAhead + nj_max);
@@ -280,7 +362,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       if (nj <= 0) continue;
       for (int64_t g = 0; g < group; ++g) {
         const float* qg = &q[(r * group + g) * hd];
-        float* sg = &scores[(r * group + g) * n8_max + j0];
+        float* sg = &scores[(r * group + g) * stride + j0];
         if (a.fast) {
           score_block(qg, kf, nj, hd, a.scale, sg);
         } else if (nj == 4) {
@@ -295,7 +377,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
     const int64_t n = keys_of(r), n8 = (n + 7) / 8 * 8;
     const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
     for (int64_t g = 0; g < group; ++g) {
-      float* sg = &scores[(r * group + g) * n8_max];
+      float* sg = &scores[(r * group + g) * stride];
       for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
       __m256 mx = _mm256_set1_ps(-INFINITY);
       for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
@@ -325,7 +407,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       const int64_t nj = std::min(nj_max, keys_of(r) - j0);
       if (nj <= 0) continue;
       for (int64_t g = 0; g < group; ++g) {
-        const float* pg = &scores[(r * group + g) * n8_max + j0];
+        const float* pg = &scores[(r * group + g) * stride + j0];
         float* o = &acc[(r * group + g) * hd];
         if (a.fast) {
           add_value_block(pg, vf, nj, hd, o);
@@ -497,7 +579,8 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   }
   AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / L.B, L.S, nh, nkv, hd,
                      static_cast<float>(std::pow(static_cast<double>(hd), -0.5)),
-                     fast_attention()};
+                     fast_attention(), false};
+  a.lanes = a.fast && bf16_scores(hd);
   // a sequence's rows together, or (the earlier form) each row on its own
   const int64_t rows = a.fast ? M / L.B : 1;
   torch::stable::parallel_for(0, M / rows * nkv, 1, [&](int64_t begin, int64_t end) {
@@ -652,9 +735,13 @@ Tensor bf16_decoder_layer(
   return run_with_residual(L, proj, I);
 }
 
+// Whether the layers' attention scores keys in lanes now (bf16_scores) for heads of head_dim.
+bool fused_bf16_scores(int64_t head_dim) { return fast_attention() && bf16_scores(head_dim); }
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
+  m.def("fused_bf16_scores(int head_dim) -> bool");
   m.def(
       "int4_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "
@@ -675,4 +762,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) {
   m.impl("int4_decoder_layer", TORCH_BOX(&int4_decoder_layer));
   m.impl("bf16_decoder_layer", TORCH_BOX(&bf16_decoder_layer));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
+  m.impl("fused_bf16_scores", TORCH_BOX(&fused_bf16_scores));
 }
