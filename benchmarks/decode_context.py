@@ -152,8 +152,7 @@ def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> in
             a, b = forward(cache, n, ids, True)[1], forward(cache, n, ids, False)[1]
             if same_bits and not torch.equal(a, b):
                 raise SystemExit(f"the two attention forms differ: {label}, context {n}")
-            key = (label, n)
-            gap[key] = max(gap.get(key, 0.0), (a.float() - b.float()).abs().max().item())
+            gap[(label, n)] = max(gap.get((label, n), 0.0), (a - b).float().abs().max().item())
     times: dict[tuple[str, int, int, bool], list[float]] = {}
     for _ in range(steps):
         for label, n, cache in cases:
