@@ -9,7 +9,9 @@ ops) with the residual stream in fp32 (the default) and in bf16
 (``SPECSERVE_FP32_RESIDUAL=0``, the eager module's roundings), the eager bf16 module
 where the format has one (``bf16``), and where the Q4_K matmuls take int8 activations
 (``int4_native.int8_activations``) the same path with bf16 ones
-(``SPECSERVE_INT8_ACTIVATIONS=0``). For each it prints the mean log-likelihood per token
+(``SPECSERVE_INT8_ACTIVATIONS=0``), and where the fused layers' attention scores keys in lanes
+(``csrc/key_lanes.h``, AVX-512 BF16 builds) the same path with the scores as fp32 chains
+(``SPECSERVE_BF16_SCORES=0``). For each it prints the mean log-likelihood per token
 and its difference from the reference with the difference's standard error (a text of n
 tokens measures a mean shift only to about std / sqrt(n)), the mean absolute per-token
 difference, the relative error of the logits and the mean KL divergence from the reference.
@@ -204,6 +206,8 @@ def main() -> None:
         paths.append(("eager bf16 module", None))
     if int4_native.int8_activations():  # the Q4_K matmuls' bf16-activation kernel too
         paths.append(("fp32 residual, bf16 activations", True))
+    if torch.ops.specserve.fused_bf16_scores(served.model.cfg.head_dim):  # keys in lanes
+        paths.append(("fp32 residual, fp32-chain scores", True))
     print(
         "| path | log-likelihood | vs reference | ± s.e. | mean abs. per token "
         "| logits rel. error | KL |"
@@ -215,6 +219,7 @@ def main() -> None:
         else:
             _use(served.model, fp32_stream)
         os.environ["SPECSERVE_INT8_ACTIVATIONS"] = "0" if "bf16 activations" in name else "1"
+        os.environ["SPECSERVE_BF16_SCORES"] = "0" if "fp32-chain scores" in name else "1"
         desc = fused_layer.describe(served.model)
         a = compare(ref, _logits(served.model, ids), targets)
         pct, se = 100 * a.shift / abs(ref_ll), 100 * a.shift_se / abs(ref_ll)
@@ -224,6 +229,7 @@ def main() -> None:
         )
     os.environ.pop("SPECSERVE_FP32_RESIDUAL", None)
     os.environ.pop("SPECSERVE_INT8_ACTIVATIONS", None)
+    os.environ.pop("SPECSERVE_BF16_SCORES", None)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@
 // zeros), so a verified token gets the bits a decode step gives it, and the context length
 // the caller pads to does not matter.
 //
-// The elementwise code is AVX2 + FMA (simd.h), the same on every CPU the library builds for.
+// The elementwise code is AVX2 + FMA (simd.h), the same on every CPU the library builds for;
+// the attention's value sums take 16-lane registers on AVX-512 builds (the same bits), and its
+// scores the keys in lanes on AVX-512 BF16 ones (key_lanes.h: other bits, SPECSERVE_BF16_SCORES).
 //
 // Shapes: M = B * T query rows (B sequences of T tokens, padded rows included), H hidden,
 // nh / nkv query / key-value heads of hd dims, I the MLP width.
