@@ -8,6 +8,11 @@ longest common prefix with the request's committed tokens, the missing committed
 caught up in one forward, and then k tokens are drafted one forward at a time. After a fully
 accepted draft the catch-up is two tokens (the last draft and the bonus token).
 
+A released lane keeps its keys and values, and a new request takes the free lane whose tokens
+share the longest prefix with its own: a prompt that begins as an earlier one (a
+conversation's next turn, a shared system prompt or file) runs only its new part through the
+draft, as the target's prefix cache spares the target's prefill.
+
 Confidence stop: a request stops drafting after a token whose draft probability (the top
 probability of the processed draft distribution) is below ``confidence_threshold``; that
 token is still proposed. A draft that is unsure of its own next token is rarely right about
@@ -48,6 +53,14 @@ def confident_draft_length(confidences: Sequence[float], k: int, threshold: floa
         if c < threshold:
             return j + 1
     return k
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 class VocabMismatchError(ValueError):
@@ -145,12 +158,18 @@ class DraftModelProposer:
         )
 
     def release(self, request_id: str) -> None:
+        """Free the request's lane. Its cached keys and values stay (until another request
+        overwrites them): a later request whose tokens begin the same way takes the lane and
+        runs only the rest (:meth:`_lane`), the draft's counterpart of the target's prefix
+        cache."""
         lane = self._lanes.pop(request_id, None)
         if lane is not None:
-            lane.tokens = []
             self._free.append(lane)
 
-    def _lane(self, request_id: str) -> _Lane:
+    def _lane(self, request_id: str, token_ids: Sequence[int] = ()) -> _Lane:
+        """The request's lane; a new request takes the free lane whose held tokens share the
+        longest prefix with ``token_ids``, the least recently freed among equals (whose held
+        tokens are the least likely to be asked for again)."""
         lane = self._lanes.get(request_id)
         if lane is None:
             if not self._free:
@@ -158,18 +177,23 @@ class DraftModelProposer:
                     f"draft model has no free lane for request {request_id!r}: all "
                     f"{len(self._lanes)} are in use (raise max_num_seqs or release requests)"
                 )
-            lane = self._lanes[request_id] = self._free.pop()
+            shared = [_common_prefix(free.tokens, token_ids) for free in self._free]
+            best = max(range(len(shared)), key=lambda j: (shared[j], -j))
+            lane = self._lanes[request_id] = self._free.pop(best)
         return lane
 
     @torch.inference_mode()
     def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
         """Optionally run the prompt through the draft ahead of the first propose (e.g. while
-        the target prefills), so the first decode step only catches up one token."""
+        the target prefills), so the first decode step only catches up one token. Of a prompt
+        that begins as the tokens a free lane holds (an earlier request's), only the rest
+        runs."""
         if not prompt_ids or len(prompt_ids) > self.max_model_len:
             return
-        lane = self._lane(request_id)
-        del lane.tokens[:]
-        self._forward({0: lane}, {0: list(prompt_ids)})
+        lane = self._lane(request_id, prompt_ids)
+        keep = min(_common_prefix(lane.tokens, prompt_ids), len(prompt_ids) - 1)
+        del lane.tokens[keep:]  # the last token is fed again: its hidden state is not kept
+        self._forward({0: lane}, {0: list(prompt_ids[keep:])})
 
     @torch.inference_mode()
     def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]:
@@ -185,16 +209,14 @@ class DraftModelProposer:
         self.last_confidences = [[] for _ in batch]
         if not active:
             return [Proposal([]) for _ in batch]
-        lanes = {i: self._lane(batch[i].request_id) for i in active}
+        lanes = {i: self._lane(batch[i].request_id, batch[i].token_ids) for i in active}
 
         # Roll each lane back to its common prefix with the committed tokens, then catch up.
         feeds: dict[int, list[int]] = {}
         for i in active:
             lane, tokens = lanes[i], batch[i].token_ids
-            keep = 0
-            limit = min(len(lane.tokens), len(tokens) - 1)  # the last token must be fed
-            while keep < limit and lane.tokens[keep] == tokens[keep]:
-                keep += 1
+            # the last token must be fed
+            keep = min(_common_prefix(lane.tokens, tokens), len(tokens) - 1)
             del lane.tokens[keep:]  # rollback: forget positions >= keep
             feeds[i] = tokens[keep:]
         self.last_catch_up_tokens = max(len(feed) for feed in feeds.values())

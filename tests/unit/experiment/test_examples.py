@@ -99,6 +99,21 @@ def test_defaults_example_serves_as_specserve_serve_does_by_default() -> None:
     assert b.suites == ("structured", "open-ended") and b.concurrency == (1,)
 
 
+def test_long_context_example_serves_the_defaults_pair_after_3000_token_prompts() -> None:
+    # docs/benchmarks.md, "The fused layers' attention scores sixteen keys at a time": the
+    # defaults example's servers (but room for the prompts), llmperf's prompts at 3000 tokens.
+    defaults = load_config(EXAMPLES / "defaults-server-ab.yaml")
+    long = load_config(EXAMPLES / "long-context-ab.yaml")
+    assert defaults.servers is not None and long.servers is not None and long.quality is None
+    room = {"max_model_len": 4096, "max_num_seqs": 4}
+    assert long.servers.model_dump() == defaults.servers.model_dump() | room
+    b = long.benchmark
+    assert b.suites == ("llmperf",) and b.concurrency == (1,) and b.max_tokens == 64
+    p = b.llmperf
+    assert (p.mean_input_tokens, p.stddev_input_tokens, p.mean_output_tokens) == (3000, 0, 64)
+    assert p.mean_input_tokens + b.max_tokens < room["max_model_len"]
+
+
 def test_hybrid_example_differs_from_the_defaults_example_only_in_its_method() -> None:
     defaults = load_config(EXAMPLES / "defaults-server-ab.yaml")
     hybrid = load_config(EXAMPLES / "hybrid-server-ab.yaml")

@@ -136,6 +136,44 @@ def test_lanes_context_room_and_release() -> None:
     assert len(proposer.propose([inp("b", list(range(17)), 8)])[0]) == 0
 
 
+def test_a_new_request_takes_the_free_lane_sharing_its_prefix_and_runs_only_the_rest() -> None:
+    """A released lane keeps its keys and values: a new request whose prompt begins as a free
+    lane's tokens takes that lane (the longest shared prefix among the free lanes), runs only
+    the rest of its prompt, and drafts what a fresh proposer drafts (the draft's prefix
+    cache); a prompt sharing nothing takes the least recently freed lane."""
+    model = make_tiny_model("qwen2", seed=8)
+    proposer = DraftModelProposer(model, 97, max_num_seqs=3, max_model_len=64)
+    shared = list(range(30, 50))
+    proposer.prefill("a", [*shared, 1, 2])
+    proposer.propose([inp("a", [*shared, 1, 2, 3], 3)])
+    proposer.prefill("b", [*shared[:5], 60])
+    lane_a, lane_b = proposer._lanes["a"], proposer._lanes["b"]
+    proposer.release("a")
+    proposer.release("b")  # freed last, but shares only 5 tokens with the prompt below
+    fed: list[int] = []
+    forward = proposer._forward
+
+    def counting(lanes, feeds):  # type: ignore[no-untyped-def]
+        fed.append(sum(len(f) for f in feeds.values()))
+        return forward(lanes, feeds)
+
+    proposer._forward = counting  # type: ignore[method-assign]
+    prompt = [*shared, 7, 8, 9]
+    proposer.prefill("c", prompt)
+    assert proposer._lanes["c"] is lane_a and fed == [3]
+    assert proposer._lanes["c"].tokens == prompt
+    draft = proposer.propose([inp("c", [*prompt, 5], 4)])[0].draft_token_ids
+    assert draft == fresh_draft(proposer, [*prompt, 5], 4)
+    proposer.release("c")
+    fed.clear()
+    proposer.prefill("d", prompt)  # the same prompt again: only its last token runs
+    assert proposer._lanes["d"] is lane_a and fed == [1]
+    proposer.prefill("e", [90, 91])  # nothing shared: the least recently freed lane (unused)
+    assert proposer._lanes["e"] not in (lane_a, lane_b) and fed == [1, 2]
+    draft = proposer.propose([inp("e", [90, 91, 92], 3)])[0].draft_token_ids
+    assert draft == fresh_draft(proposer, [90, 91, 92], 3)
+
+
 def test_identical_draft_model_proposes_the_targets_greedy_tokens() -> None:
     from specserve.spec_decode.plain_loop import generate_plain
 
