@@ -185,19 +185,40 @@ inline void score_block(const float* qg, const float* kf, int64_t nj, int64_t hd
   }
 }
 
-// o [C * 8] += the weights pg [nj] times nj fp32 value rows (vf, [nj, C * 8]): each output
+// W fp32 lanes a register: 8 (AVX2) or 16 (AVX-512 builds), for add_values.
+template <int W>
+struct FloatLanes {
+  using V = __m256;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#ifdef __AVX512F__
+template <>
+struct FloatLanes<16> {
+  using V = __m512;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
+// o [C * W] += the weights pg [nj] times nj fp32 value rows (vf, [nj, C * W]): each output
 // lane one chain of FMAs over the keys in order, the C registers' chains side by side (one
-// register's alone waits on each FMA's latency).
-template <int C>
+// register's alone waits on each FMA's latency). A lane's chain is the same whatever W, so
+// 16-lane registers give the bits of 8-lane ones in half the instructions.
+template <int C, int W = 8>
 inline void add_values(const float* pg, const float* vf, int64_t nj, float* o) {
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(o + 8 * c);
+  using L = FloatLanes<W>;
+  typename L::V acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = L::load(o + W * c);
   for (int64_t i = 0; i < nj; ++i) {
-    const __m256 w = _mm256_set1_ps(pg[i]);
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vf + i * C * 8 + 8 * c), acc[c]);
+    const typename L::V w = L::set1(pg[i]);
+    for (int c = 0; c < C; ++c) acc[c] = L::fma(w, L::load(vf + i * C * W + W * c), acc[c]);
   }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+  for (int c = 0; c < C; ++c) L::store(o + W * c, acc[c]);
 }
 
 // o [hd] += pg [nj] times vf [nj, hd] as add_values, one register's chain after the other:
@@ -211,28 +232,12 @@ inline void add_values_serial(const float* pg, const float* vf, int64_t nj, int6
   }
 }
 
-#ifdef __AVX512F__
-// add_values on 16-lane registers: each lane the same chain of FMAs over the keys in order as
-// on 8-lane ones (the same bits), half the instructions.
-template <int C>
-inline void add_values16(const float* pg, const float* vf, int64_t nj, float* o) {
-  __m512 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm512_loadu_ps(o + 16 * c);
-  for (int64_t i = 0; i < nj; ++i) {
-    const __m512 w = _mm512_set1_ps(pg[i]);
-    for (int c = 0; c < C; ++c)
-      acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vf + i * C * 16 + 16 * c), acc[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + 16 * c, acc[c]);
-}
-#endif
-
 inline void add_value_block(const float* pg, const float* vf, int64_t nj, int64_t hd, float* o) {
 #ifdef __AVX512F__
   switch (hd) {
-    case 128: return add_values16<8>(pg, vf, nj, o);
-    case 64: return add_values16<4>(pg, vf, nj, o);
-    case 32: return add_values16<2>(pg, vf, nj, o);
+    case 128: return add_values<8, 16>(pg, vf, nj, o);
+    case 64: return add_values<4, 16>(pg, vf, nj, o);
+    case 32: return add_values<2, 16>(pg, vf, nj, o);
     default: break;
   }
 #endif
