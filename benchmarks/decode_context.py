@@ -128,7 +128,8 @@ def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> in
         if not fused_layer.enable(model):
             raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
     print(f"target: {fused_layer.describe(target)}; draft: {fused_layer.describe(draft)}")
-    lanes = {d: torch.ops.specserve.fused_bf16_scores(d) for d in {64, 128}}
+    dims = sorted({m.cfg.head_dim for m in (target, draft)})
+    lanes = {d: torch.ops.specserve.fused_bf16_scores(d) for d in dims}
     print(f"attention scores in lanes (vdpbf16ps) now, by head dims: {lanes}")
     new = [(11 * i + 5) % 1000 + 100 for i in range(tokens)]
     cases = []
@@ -161,6 +162,7 @@ def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> in
                     key = (label, n, len(ids), fast)
                     times.setdefault(key, []).append(forward(cache, n, ids, fast)[0])
     os.environ.pop(variable, None)
+    os.environ.pop("SPECSERVE_BF16_SCORES", None)
     med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
     other = "earlier" if same_bits else "fp32 scores"
     gap_head = "" if same_bits else " max logit diff |"

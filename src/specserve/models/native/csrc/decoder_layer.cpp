@@ -275,13 +275,14 @@ inline bool bf16_scores(int64_t hd) {
 
 #ifdef SPECSERVE_KEY_LANES
 // attend()'s scores with the keys in lanes (key_lanes.h): blocks of 16 keys, each turned
-// once for all the rows' query heads that reach into it; a row's scores past its own keys
-// are computed too (from later rows' keys, or zero rows past n_max) and then masked by the
-// softmax, as the tail of a block always was. scores: row r's head g at
-// [(r * group + g) * stride].
-template <class Row, class Prefetch>
+// once for all the query heads of the rows with keys in it (keys_of: attend()'s count of a
+// row's keys); a row's scores past its own keys are computed too (from later rows' keys, or
+// zero rows past n_max) and then masked by the softmax, as the tail of a block always was.
+// scores: row r's head g at [(r * group + g) * stride].
+template <class Row, class Keys, class Prefetch>
 void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h, const Row& k_row,
-                    const Prefetch& prefetch_keys, int64_t n_max, int64_t stride, float* scores) {
+                    const Keys& keys_of, const Prefetch& prefetch_keys, int64_t n_max,
+                    int64_t stride, float* scores) {
   using specserve_native::kLaneKeys;
   const int64_t group = a.nh / a.nkv, hd = a.hd;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
@@ -297,7 +298,7 @@ void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h,
     specserve_native::keys_to_lanes(k_row, j0, nj, hd, kt.data());
     int64_t nq = 0;  // the query heads of the rows with keys in this block
     for (int64_t r = 0; r < T; ++r) {
-      if (a.positions[m0 + r] + 1 <= j0) continue;
+      if (keys_of(r) <= j0) continue;
       for (int64_t g = 0; g < group; ++g, ++nq) {
         qs[nq] = a.qkv + (m0 + r) * row_stride + (h * group + g) * hd;
         outs[nq] = scores + (r * group + g) * stride + j0;
@@ -356,7 +357,7 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   const int64_t kb = a.fast ? kKeyBlock : 4;
 #ifdef SPECSERVE_KEY_LANES
   if (a.lanes) {
-    score_in_lanes(a, m0, T, h, k_row, prefetch_keys, n_max, stride, scores.data());
+    score_in_lanes(a, m0, T, h, k_row, keys_of, prefetch_keys, n_max, stride, scores.data());
   } else
 #endif
   for (int64_t j0 = 0; j0 < n_max; j0 += kb) {
