@@ -254,6 +254,48 @@ def test_draft_model_runs_each_prompt_in_the_step_that_completes_it() -> None:
         assert tokens_of(outs[rid]) == ref.token_ids, rid
 
 
+def test_a_prompt_whose_pass_the_output_cannot_repay_decodes_plainly() -> None:
+    """Once the draft's cost per prompt token is measured and the controller has timed its
+    steps, a new request whose output cap cannot repay the draft's pass over its prompt is
+    not read by the draft: it decodes without drafts (greedy output equal to plain decoding)
+    and the stats count it. A prompt a released lane already holds costs the draft nothing
+    and is read as before."""
+    target = make_tiny_model("llama", vocab_size=VOCAB)
+    draft = make_tiny_model("llama", vocab_size=VOCAB, seed=1)
+    engine = make_engine(target, "draft", None, draft)
+    proposer = engine.proposer
+    assert proposer is not None
+    read: list[str] = []
+    prefill = proposer.prefill  # type: ignore[attr-defined]
+
+    def spy(request_id: str, prompt_ids: list[int]) -> None:
+        read.append(request_id)
+        prefill(request_id, prompt_ids)
+
+    proposer.prefill = spy  # type: ignore[attr-defined]
+    engine.prefill_budget.min_tokens = 8
+    rng = random.Random(5)
+    prompts = {
+        "warm": [rng.randrange(VOCAB - 1) for _ in range(40)],
+        "new": [rng.randrange(VOCAB - 1) for _ in range(40)],
+    }
+    prompts["held"] = prompts["warm"]
+    params = {rid: SamplingParams(max_tokens=6, ignore_eos=True) for rid in prompts}
+    params["warm"] = SamplingParams(max_tokens=40, ignore_eos=True)
+    outs = {}
+    for rid in prompts:  # one at a time: each decodes alone, at the batch size timed
+        outs.update(run_staggered(engine, {rid: prompts[rid]}, {rid: params[rid]}, {rid: 0}))
+        if rid == "warm":  # the warm-up timed the steps and the pass; make the pass dear
+            assert engine.prefill_budget.seconds_per_token is not None
+            engine.prefill_budget.seconds_per_token = 10.0  # 400 s for 40 tokens
+    assert read == ["warm", "held"]
+    assert engine.stats().num_prompts_undrafted == 1
+    assert [outs[rid][-1].spec.num_draft_tokens for rid in ("new",)] == [0]  # type: ignore[union-attr]
+    for rid, prompt in prompts.items():
+        ref = generate_plain(target, prompt, params[rid], target.cfg.eos_token_ids)
+        assert tokens_of(outs[rid]) == ref.token_ids, rid
+
+
 def test_an_adaptive_hybrid_engine_weighs_its_measured_costs() -> None:
     """The engine links the k controller to the hybrid's draft-cost share and reports each
     decode step's verify time to it, which the hybrid's choice then weighs; output stays

@@ -10,6 +10,7 @@ from specserve.engine.outputs import StepStats
 from specserve.engine.request import Request
 from specserve.engine.scheduler import ScheduledRequest
 from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.prefill_budget import PrefillBudget, saving_per_token
 from specserve.spec_decode.proposer import (
     Proposal,
     ProposeInput,
@@ -60,7 +61,14 @@ def propose(
     return proposals
 
 
-def prefill_drafts(proposer: Proposer | None, prompted: list[Request], stats: StepStats) -> None:
+def prefill_drafts(
+    proposer: Proposer | None,
+    prompted: list[Request],
+    stats: StepStats,
+    controller: KController | None = None,
+    budget: PrefillBudget | None = None,
+    batch_size: int = 1,
+) -> None:
     """Run the prompts of ``prompted`` (completed in this step, still running) through a
     draft model now, in the step that prefilled them on the target, as vLLM's draft-model
     proposer does; the next propose call then catches up one token.
@@ -70,13 +78,35 @@ def prefill_drafts(proposer: Proposer | None, prompted: list[Request], stats: St
     as in ``specserve perf``'s loop (``benchmarks/server_step.py --loop``: the engine's TPOT
     went from 1.27x the loop's to 0.97x on the gguf pair). It is draft time
     (``StepStats.draft_s``), never a cost sample of the k controller (a step with a prompt is
-    not recorded). Proposers without a prompt pass (n-gram, suffix, heads) skip it."""
+    not recorded). Proposers without a prompt pass (n-gram, suffix, heads) skip it.
+
+    With a ``budget`` and an adaptive ``controller`` (no fixed k), a request without a fixed
+    k of its own whose output cap cannot repay its pass (``PrefillBudget.pays``, at the controller's
+    expected saving per token for ``batch_size`` requests) is not read: it decodes without
+    drafts (``Request.drafts_off``). Each pass run is timed for the budget."""
     prefill = getattr(proposer, "prefill", None)
     if prefill is None or not prompted:
         return
+    uncached = getattr(proposer, "uncached_tokens", None)
     t0 = time.perf_counter()
     for req in prompted:
-        prefill(req.request_id, req.token_ids[: req.num_computed_tokens])
+        prompt = req.token_ids[: req.num_computed_tokens]
+        if budget is None or uncached is None:
+            prefill(req.request_id, prompt)
+            continue
+        n = uncached(req.request_id, prompt)
+        adaptive = controller is not None and controller.fixed_k is None
+        if adaptive and req.params.num_speculative_tokens is None:
+            assert controller is not None
+            saving = saving_per_token(controller, req.request_id, batch_size)
+            if not budget.pays(n, req.num_output_tokens_left, saving):
+                req.drafts_off = True
+                budget.skipped += 1
+                stats.num_prompts_undrafted += 1
+                continue
+        start = time.perf_counter()
+        prefill(req.request_id, prompt)
+        budget.record(n, time.perf_counter() - start)
     stats.draft_s += time.perf_counter() - t0
 
 

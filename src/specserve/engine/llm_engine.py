@@ -14,7 +14,9 @@ A step, in order (docs/design.md, "Engine contracts"):
    strings via the incremental detokenizer); rejected lookahead is rolled back by moving the
    computed-token pointer (``kv_manager.commit``); finished requests free their blocks.
 6. ``draft prefill``: a draft model runs the prompts that completed in this step, so their
-   first propose call catches up one token (``drafting.prefill_drafts``).
+   first propose call catches up one token (``drafting.prefill_drafts``), unless a request's
+   output cap cannot repay the pass: that request decodes plainly
+   (``spec_decode/prefill_budget.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from specserve.sampling.sampler import make_generator
 from specserve.sampling.stop import check_new_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.prefill_budget import PrefillBudget
 from specserve.spec_decode.proposer import (
     HiddenStateProposer,
     Proposal,
@@ -103,6 +106,8 @@ class LLMEngine:
             model.capture_layers = tuple(self.proposer.target_hidden_layers)
         self.recording_hidden = False
         self.k_controller = k_controller if self.spec.enabled else None
+        # Whether a draft model's prompt pass can pay for itself (drafting.prefill_drafts).
+        self.prefill_budget = PrefillBudget()
         k_max = self.spec.num_speculative_tokens or self.spec.k_max if self.spec.enabled else 0
         num_blocks = num_blocks_for(cache, model.cfg, model.dtype)
         self.kv = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -237,7 +242,10 @@ class LLMEngine:
             stats.verify_s = time.perf_counter() - t0
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
             live = [req for req in prompted if req.request_id in self.requests]
-            drafting.prefill_drafts(self.proposer, live, stats)
+            drafting.prefill_drafts(
+                self.proposer, live, stats, self.k_controller, self.prefill_budget,
+                batch_size=max(1, len(self.scheduler.running)),
+            )  # fmt: skip
             drafting.record_cost(
                 self.k_controller, self.proposer, sched.scheduled, proposals, stats
             )

@@ -95,6 +95,8 @@ class StepStats:
         spec: acceptance counters of this step's verifications.
         num_prompt_tokens: prompt tokens of requests that produced their first token now.
         num_generation_tokens: output tokens committed in the step.
+        num_prompts_undrafted: requests whose prompt the draft model did not read in the step
+            (their output cap could not repay the pass: ``spec_decode/prefill_budget.py``).
     """
 
     num_running: int = 0
@@ -110,6 +112,7 @@ class StepStats:
     spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    num_prompts_undrafted: int = 0
 
 
 TIME_BUCKETS_S = (
@@ -167,6 +170,8 @@ class EngineStats:
         k_chosen_hist / draft_time_hist / verify_time_hist: histograms of k per request per
             step and of the per-step proposer / verify seconds.
         num_spec_off_steps: request-steps decoded without a draft while speculation is on.
+        num_prompts_undrafted: requests left without drafts because their output cap could
+            not repay the draft model's pass over their prompt.
         draft_s / verify_s: cumulative proposer and target-verify seconds.
         num_steps: engine steps run.
         num_preemptions: requests preempted (cumulative).
@@ -198,6 +203,7 @@ class EngineStats:
         default_factory=lambda: HistogramCounts(TIME_BUCKETS_S)
     )
     num_spec_off_steps: int = 0
+    num_prompts_undrafted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
     num_steps: int = 0

@@ -52,6 +52,8 @@ class Request:
         hidden_start / hidden_parts: for a proposer that drafts from the target's hidden
             states (EAGLE, Medusa): the target's captured hidden states of committed
             positions ``hidden_start ..`` not yet handed to the proposer, in order.
+        drafts_off: the request decodes without drafts (its draft model's prompt pass could
+            not pay for itself: ``spec_decode/prefill_budget.py``).
     """
 
     request_id: str
@@ -71,6 +73,7 @@ class Request:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     hidden_start: int = 0
     hidden_parts: list[torch.Tensor] = field(default_factory=list)
+    drafts_off: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -96,6 +96,9 @@ class EngineStatsCollector(Collector):
         yield per_pos
         yield counter("specserve:spec_off_steps", "Request steps decoded with k = 0.",
                       st.num_spec_off_steps)  # fmt: skip
+        yield counter("specserve:prompts_undrafted",
+                      "Requests decoded without drafts: the output cap could not repay the "
+                      "draft model's pass over the prompt.", st.num_prompts_undrafted)  # fmt: skip
         yield counter("specserve:num_preemptions", "Requests preempted for KV space.",
                       st.num_preemptions)  # fmt: skip
         k_hist = HistogramMetricFamily(

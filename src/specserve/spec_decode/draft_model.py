@@ -182,6 +182,17 @@ class DraftModelProposer:
             lane = self._lanes[request_id] = self._free.pop(best)
         return lane
 
+    def uncached_tokens(self, request_id: str, prompt_ids: Sequence[int]) -> int:
+        """Tokens :meth:`prefill` would run for this prompt now: all but the prefix held by
+        the request's lane, or by the free lane a new request would take (0 for a prompt the
+        draft cannot hold)."""
+        if not prompt_ids or len(prompt_ids) > self.max_model_len:
+            return 0
+        lane = self._lanes.get(request_id)
+        held = [lane] if lane is not None else self._free
+        shared = max((_common_prefix(free.tokens, prompt_ids) for free in held), default=0)
+        return len(prompt_ids) - min(shared, len(prompt_ids) - 1)
+
     @torch.inference_mode()
     def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
         """Optionally run the prompt through the draft ahead of the first propose (e.g. while

@@ -159,6 +159,8 @@ def test_a_new_request_takes_the_free_lane_sharing_its_prefix_and_runs_only_the_
 
     proposer._forward = counting  # type: ignore[method-assign]
     prompt = [*shared, 7, 8, 9]
+    assert proposer.uncached_tokens("c", prompt) == 3  # what the pass below runs
+    assert proposer.uncached_tokens("c", list(range(65))) == 0  # too long for a lane
     proposer.prefill("c", prompt)
     assert proposer._lanes["c"] is lane_a and fed == [3]
     assert proposer._lanes["c"].tokens == prompt
@@ -166,8 +168,11 @@ def test_a_new_request_takes_the_free_lane_sharing_its_prefix_and_runs_only_the_
     assert draft == fresh_draft(proposer, [*prompt, 5], 4)
     proposer.release("c")
     fed.clear()
+    assert proposer.uncached_tokens("d", prompt) == 1
     proposer.prefill("d", prompt)  # the same prompt again: only its last token runs
+    assert proposer.uncached_tokens("d", [*prompt, 4, 5]) == 2  # its own lane's prefix
     assert proposer._lanes["d"] is lane_a and fed == [1]
+    assert proposer.uncached_tokens("e", [90, 91]) == 2
     proposer.prefill("e", [90, 91])  # nothing shared: the least recently freed lane (unused)
     assert proposer._lanes["e"] not in (lane_a, lane_b) and fed == [1, 2]
     draft = proposer.propose([inp("e", [90, 91, 92], 3)])[0].draft_token_ids

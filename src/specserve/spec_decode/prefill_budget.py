@@ -1,0 +1,85 @@
+"""Whether a draft model's pass over a new prompt can pay for itself.
+
+A draft model reads each prompt before its request drafts (``engine/drafting.py``,
+``prefill_drafts``), in the step that produces the request's first token. On a long prompt
+that pass is dear on a CPU: a 3000-token prompt cost the 0.5B draft about a third of what the
+1.5B target's own prefill cost, all of it added to the time to the first token
+(docs/benchmarks.md). Speculation repays it only over enough output tokens: each saves at most
+a plain step's time less the best k's expected step time per token. So where a request's
+output cap (``max_tokens``, or the context's room) cannot repay the pass even at the k
+controller's best expected rate, the request decodes plainly and the draft never reads its
+prompt: its first token comes when a plain server's would, and its last no later. Greedy
+output is the same either way (speculation never changes it).
+
+The pass's cost per token is measured on the passes run (an exponential moving average);
+the saving per token comes from the controller's timed steps and acceptance estimates. Until
+both are known, and for passes of fewer than ``min_tokens`` tokens, every prompt is read (what
+the engine did before). A prompt that begins as a draft lane's held tokens costs only the rest
+(``DraftModelProposer.uncached_tokens``), so a conversation's next turn keeps its drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.spec_decode.k_controller import KController
+
+
+@dataclass
+class PrefillBudget:
+    """The draft's measured prompt-pass cost, and the test a pass must meet.
+
+    Attributes:
+        ema: weight of the newest pass in the moving average.
+        min_tokens: passes shorter than this always run and are not timed (fixed costs
+            dominate them).
+        seconds_per_token: the average, None before a pass of ``min_tokens`` or more ran.
+        skipped: prompts left unread so far.
+    """
+
+    ema: float = 0.3
+    min_tokens: int = 64
+    seconds_per_token: float | None = None
+    skipped: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {self.ema}")
+        if self.min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {self.min_tokens}")
+
+    def record(self, num_tokens: int, seconds: float) -> None:
+        """A pass of ``num_tokens`` tokens took ``seconds``."""
+        if num_tokens < self.min_tokens:
+            return
+        sample = seconds / num_tokens
+        old = self.seconds_per_token
+        self.seconds_per_token = sample if old is None else old + self.ema * (sample - old)
+
+    def pays(self, num_tokens: int, tokens_left: int, saving_per_token: float | None) -> bool:
+        """Whether a pass of ``num_tokens`` can be repaid by ``tokens_left`` output tokens
+        saving ``saving_per_token`` seconds each (None: not known yet, so it runs)."""
+        if num_tokens < self.min_tokens or self.seconds_per_token is None:
+            return True
+        if saving_per_token is None:
+            return True
+        return num_tokens * self.seconds_per_token <= tokens_left * saving_per_token
+
+
+def saving_per_token(controller: KController, request_id: str, batch_size: int = 1) -> float | None:
+    """The most one output token of the request is expected to save against plain decoding
+    at ``batch_size``: a plain step's time less the best explored k's expected time per
+    token (0 when no k beats plain decoding); None before a plain step of that batch size was
+    timed. Uses the controller's estimates for the request (those of all requests for a new
+    one)."""
+    if not controller.plain_cost_measured(batch_size):
+        return None
+    plain = 1.0 / controller.rate(request_id, 0, batch_size)
+    explored = controller.explored_k(batch_size)
+    best = max(
+        (controller.rate(request_id, k, batch_size) for k in range(1, explored + 1)),
+        default=0.0,
+    )
+    if best <= 0.0:
+        return 0.0
+    return max(0.0, plain - 1.0 / best)

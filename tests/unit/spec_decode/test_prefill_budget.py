@@ -1,0 +1,57 @@
+"""Whether a draft model's prompt pass can pay for itself (spec_decode/prefill_budget.py): the
+measured cost per token, the test against what the output cap can save, and the saving per
+token the k controller's estimates give."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.spec_decode.k_controller import KController
+from specserve.spec_decode.prefill_budget import PrefillBudget, saving_per_token
+
+
+def test_the_cost_per_token_is_averaged_over_passes_long_enough_to_time() -> None:
+    budget = PrefillBudget(ema=0.5, min_tokens=10)
+    budget.record(5, 100.0)  # too short to say anything
+    assert budget.seconds_per_token is None
+    budget.record(100, 1.0)
+    assert budget.seconds_per_token == pytest.approx(0.01)
+    budget.record(10, 0.3)
+    assert budget.seconds_per_token == pytest.approx(0.02)
+    for bad in ({"ema": 0.0}, {"ema": 1.5}, {"min_tokens": 0}):
+        with pytest.raises(ValueError):
+            PrefillBudget(**bad)  # type: ignore[arg-type]
+
+
+def test_a_pass_runs_unless_its_measured_cost_exceeds_what_the_output_can_save() -> None:
+    budget = PrefillBudget(min_tokens=64)
+    assert budget.pays(3000, 1, 0.0)  # nothing measured yet: the engine reads every prompt
+    budget.record(1000, 4.0)  # 4 ms a token
+    assert budget.pays(3000, 64, None)  # the saving is not known yet
+    assert budget.pays(63, 1, 0.0)  # short passes always run
+    # 3000 tokens cost 12 s: 64 tokens saving 30 ms each repay 1.9 s, 500 tokens 15 s
+    assert not budget.pays(3000, 64, 0.03)
+    assert budget.pays(3000, 500, 0.03)
+    assert not budget.pays(3000, 10_000, 0.0)  # speculation saves nothing here
+    assert budget.pays(0, 0, 0.0)  # a prompt the lanes hold costs nothing
+
+
+def timed_controller(draft_s: float, accepted: int) -> KController:
+    """A controller that has timed plain steps (100 ms) and 5-token verifies (130 ms) after
+    drafts of 4 tokens costing ``draft_s`` each, of which ``accepted`` were kept."""
+    controller = KController(k_max=4, prior_weight=0.5)
+    for _ in range(6):
+        controller.record_cost(0.0, 0, 0.100, 1)
+        controller.observe("old", 4, accepted, 4)
+        controller.record_cost(4 * draft_s, 4, 0.130, 5)
+    return controller
+
+
+def test_the_saving_per_token_follows_the_controllers_timings_and_acceptance() -> None:
+    assert saving_per_token(KController(k_max=4), "r") is None  # no plain step timed
+    cheap = timed_controller(draft_s=0.005, accepted=4)
+    saving = saving_per_token(cheap, "new")
+    assert saving is not None and 0.05 < saving < 0.1  # ~150 ms a step for ~4.5 tokens
+    assert saving_per_token(cheap, "new", batch_size=3) is None  # that batch was never timed
+    dear = timed_controller(draft_s=0.2, accepted=0)  # nothing accepted, dear drafts
+    assert saving_per_token(dear, "new") == 0.0
