@@ -114,6 +114,19 @@ def test_long_context_example_serves_the_defaults_pair_after_3000_token_prompts(
     assert p.mean_input_tokens + b.max_tokens < room["max_model_len"]
 
 
+def test_long_output_example_differs_from_the_long_context_one_in_its_answers() -> None:
+    # docs/benchmarks.md, "Long prompts: the draft reads a prompt only where the answer can
+    # repay it": the same servers and prompts, answers of up to 512 tokens (fewer requests).
+    short = load_config(EXAMPLES / "long-context-ab.yaml")
+    long = load_config(EXAMPLES / "long-context-long-output-ab.yaml")
+    assert short.servers is not None and long.servers is not None and long.quality is None
+    assert long.servers.model_dump() == short.servers.model_dump()
+    b = long.benchmark
+    assert b.max_tokens == b.llmperf.mean_output_tokens == 512 and b.concurrency == (1,)
+    assert b.llmperf.mean_input_tokens == short.benchmark.llmperf.mean_input_tokens
+    assert b.llmperf.mean_input_tokens + b.max_tokens < long.servers.max_model_len
+
+
 def test_hybrid_example_differs_from_the_defaults_example_only_in_its_method() -> None:
     defaults = load_config(EXAMPLES / "defaults-server-ab.yaml")
     hybrid = load_config(EXAMPLES / "hybrid-server-ab.yaml")
