@@ -81,9 +81,9 @@ def prefill_drafts(
     not recorded). Proposers without a prompt pass (n-gram, suffix, heads) skip it.
 
     With a ``budget`` and an adaptive ``controller`` (no fixed k), a request without a fixed
-    k of its own whose output cap cannot repay its pass (``PrefillBudget.pays``, at the controller's
-    expected saving per token for ``batch_size`` requests) is not read: it decodes without
-    drafts (``Request.drafts_off``). Each pass run is timed for the budget."""
+    k of its own whose output cap cannot repay its pass (``PrefillBudget.pays``, at the most
+    a token can save by the controller's timings for ``batch_size`` requests) is not read: it
+    decodes without drafts (``Request.drafts_off``). Each pass run is timed for the budget."""
     prefill = getattr(proposer, "prefill", None)
     if prefill is None or not prompted:
         return
@@ -98,7 +98,7 @@ def prefill_drafts(
         adaptive = controller is not None and controller.fixed_k is None
         if adaptive and req.params.num_speculative_tokens is None:
             assert controller is not None
-            saving = saving_per_token(controller, req.request_id, batch_size)
+            saving = saving_per_token(controller, batch_size)
             if not budget.pays(n, req.num_output_tokens_left, saving):
                 req.drafts_off = True
                 budget.skipped += 1

@@ -5,14 +5,14 @@ A draft model reads each prompt before its request drafts (``engine/drafting.py`
 that pass is dear on a CPU: a 3000-token prompt cost the 0.5B draft about a third of what the
 1.5B target's own prefill cost, all of it added to the time to the first token
 (docs/benchmarks.md). Speculation repays it only over enough output tokens: each saves at most
-a plain step's time less the best k's expected step time per token. So where a request's
-output cap (``max_tokens``, or the context's room) cannot repay the pass even at the k
-controller's best expected rate, the request decodes plainly and the draft never reads its
+a plain step's time less the time per token of a step whose drafts are all accepted. So where
+a request's output cap (``max_tokens``, or the context's room) cannot repay the pass even
+then, the request decodes plainly and the draft never reads its
 prompt: its first token comes when a plain server's would, and its last no later. Greedy
 output is the same either way (speculation never changes it).
 
 The pass's cost per token is measured on the passes run (an exponential moving average);
-the saving per token comes from the controller's timed steps and acceptance estimates. Until
+the saving per token comes from the k controller's timed steps. Until
 both are known, and for passes of fewer than ``min_tokens`` tokens, every prompt is read (what
 the engine did before). A prompt that begins as a draft lane's held tokens costs only the rest
 (``DraftModelProposer.uncached_tokens``), so a conversation's next turn keeps its drafts.
@@ -66,20 +66,23 @@ class PrefillBudget:
         return num_tokens * self.seconds_per_token <= tokens_left * saving_per_token
 
 
-def saving_per_token(controller: KController, request_id: str, batch_size: int = 1) -> float | None:
-    """The most one output token of the request is expected to save against plain decoding
-    at ``batch_size``: a plain step's time less the best explored k's expected time per
-    token (0 when no k beats plain decoding); None before a plain step of that batch size was
-    timed. Uses the controller's estimates for the request (those of all requests for a new
-    one)."""
+def saving_per_token(controller: KController, batch_size: int = 1) -> float | None:
+    """The most one output token can save against plain decoding at ``batch_size``, by the
+    controller's timed costs: a plain step's time less the least time per token of a step
+    whose k drafts (within the explored k) are all accepted, ``(k draft forwards + a k + 1
+    token verify) / (k + 1)``; 0 when even that is no faster. None before a plain step of that
+    batch size was timed. The best case, not the expected one: a request is left undrafted
+    only where no outcome of its drafts could repay the pass, so acceptance estimates drawn
+    from other requests (prose before a structured one) never decide it."""
     if not controller.plain_cost_measured(batch_size):
         return None
-    plain = 1.0 / controller.rate(request_id, 0, batch_size)
-    explored = controller.explored_k(batch_size)
-    best = max(
-        (controller.rate(request_id, k, batch_size) for k in range(1, explored + 1)),
-        default=0.0,
+    plain = controller.verify_cost(1, batch_size)
+    fastest = min(
+        (
+            (k * controller.draft_cost(1, batch_size) + controller.verify_cost(k + 1, batch_size))
+            / (k + 1)
+            for k in range(1, controller.explored_k(batch_size) + 1)
+        ),
+        default=plain,
     )
-    if best <= 0.0:
-        return 0.0
-    return max(0.0, plain - 1.0 / best)
+    return max(0.0, plain - fastest)

@@ -47,11 +47,15 @@ def timed_controller(draft_s: float, accepted: int) -> KController:
     return controller
 
 
-def test_the_saving_per_token_follows_the_controllers_timings_and_acceptance() -> None:
-    assert saving_per_token(KController(k_max=4), "r") is None  # no plain step timed
-    cheap = timed_controller(draft_s=0.005, accepted=4)
-    saving = saving_per_token(cheap, "new")
-    assert saving is not None and 0.05 < saving < 0.1  # ~150 ms a step for ~4.5 tokens
-    assert saving_per_token(cheap, "new", batch_size=3) is None  # that batch was never timed
-    dear = timed_controller(draft_s=0.2, accepted=0)  # nothing accepted, dear drafts
-    assert saving_per_token(dear, "new") == 0.0
+def test_the_saving_per_token_is_the_best_case_of_the_timed_steps() -> None:
+    """A plain step's time less that of a step whose drafts are all accepted, per token; the
+    acceptance seen so far does not enter (a request is left undrafted only where no outcome
+    of its drafts could repay the pass)."""
+    assert saving_per_token(KController(k_max=4)) is None  # no plain step timed
+    for accepted in (0, 4):
+        cheap = timed_controller(draft_s=0.005, accepted=accepted)
+        # k = 4: (4 x 5 ms + 130 ms) / 5 tokens = 30 ms a token against 100 ms
+        assert saving_per_token(cheap) == pytest.approx(0.07)
+    assert saving_per_token(cheap, batch_size=3) is None  # that batch was never timed
+    dear = timed_controller(draft_s=0.2, accepted=4)  # drafts dearer than plain steps
+    assert saving_per_token(dear) == 0.0
