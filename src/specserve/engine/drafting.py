@@ -90,6 +90,8 @@ def prefill_drafts(
     uncached = getattr(proposer, "uncached_tokens", None)
     t0 = time.perf_counter()
     for req in prompted:
+        if req.drafts_off:  # left unread before (recomputed after a preemption): stays so
+            continue
         prompt = req.token_ids[: req.num_computed_tokens]
         if budget is None or uncached is None:
             prefill(req.request_id, prompt)

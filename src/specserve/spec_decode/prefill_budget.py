@@ -7,14 +7,15 @@ that pass is dear on a CPU: a 3000-token prompt cost the 0.5B draft about a thir
 (docs/benchmarks.md). Speculation repays it only over enough output tokens: each saves at most
 a plain step's time less the time per token of a step whose drafts are all accepted. So where
 a request's output cap (``max_tokens``, or the context's room) cannot repay the pass even
-then, the request decodes plainly and the draft never reads its
-prompt: its first token comes when a plain server's would, and its last no later. Greedy
-output is the same either way (speculation never changes it).
+then, the request decodes plainly and the draft never reads its prompt: its first token comes
+when a plain server's would, and its last no later. Greedy output is the same either way
+(speculation never changes it). The cap is all the engine knows of an answer's length
+before it starts: an answer that stops well short of it leaves a pass that was run unpaid.
 
 The pass's cost per token is measured on the passes run (an exponential moving average);
-the saving per token comes from the k controller's timed steps. Until
-both are known, and for passes of fewer than ``min_tokens`` tokens, every prompt is read (what
-the engine did before). A prompt that begins as a draft lane's held tokens costs only the rest
+the saving per token comes from the k controller's timed steps. Until both are known, and for
+passes of fewer than ``min_tokens`` tokens, every prompt is read (what the engine did
+before). A prompt that begins as a draft lane's held tokens costs only the rest
 (``DraftModelProposer.uncached_tokens``), so a conversation's next turn keeps its drafts.
 """
 
