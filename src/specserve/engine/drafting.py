@@ -88,6 +88,13 @@ def prefill_drafts(
     if prefill is None or not prompted:
         return
     uncached = getattr(proposer, "uncached_tokens", None)
+    judged = budget is not None and uncached is not None
+    # the most a token can save: one figure for the step (None: not judged, every pass runs)
+    saving = (
+        saving_per_token(controller, batch_size)
+        if judged and controller is not None and controller.fixed_k is None
+        else None
+    )
     t0 = time.perf_counter()
     for req in prompted:
         if req.drafts_off:  # left unread before (recomputed after a preemption): stays so
@@ -97,15 +104,11 @@ def prefill_drafts(
             prefill(req.request_id, prompt)
             continue
         n = uncached(req.request_id, prompt)
-        adaptive = controller is not None and controller.fixed_k is None
-        if adaptive and req.params.num_speculative_tokens is None:
-            assert controller is not None
-            saving = saving_per_token(controller, batch_size)
-            if not budget.pays(n, req.num_output_tokens_left, saving):
-                req.drafts_off = True
-                budget.skipped += 1
-                stats.num_prompts_undrafted += 1
-                continue
+        own_k = req.params.num_speculative_tokens is not None
+        if not own_k and not budget.pays(n, req.num_output_tokens_left, saving):
+            req.drafts_off = True
+            stats.num_prompts_undrafted += 1
+            continue
         start = time.perf_counter()
         prefill(req.request_id, prompt)
         budget.record(n, time.perf_counter() - start)

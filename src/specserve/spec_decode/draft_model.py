@@ -63,6 +63,13 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _kept(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many of a lane's ``held`` tokens stay valid for ``tokens`` (non-empty): their
+    common prefix, but never the last token, which is fed again (its hidden state is not
+    kept)."""
+    return min(_common_prefix(held, tokens), len(tokens) - 1)
+
+
 class VocabMismatchError(ValueError):
     """The draft model cannot draft for the target (different tokenizer or vocabulary)."""
 
@@ -177,10 +184,14 @@ class DraftModelProposer:
                     f"draft model has no free lane for request {request_id!r}: all "
                     f"{len(self._lanes)} are in use (raise max_num_seqs or release requests)"
                 )
-            shared = [_common_prefix(free.tokens, token_ids) for free in self._free]
-            best = max(range(len(shared)), key=lambda j: (shared[j], -j))
-            lane = self._lanes[request_id] = self._free.pop(best)
+            lane = self._lanes[request_id] = self._free.pop(self._best_free(token_ids))
         return lane
+
+    def _best_free(self, token_ids: Sequence[int]) -> int:
+        """Index in ``_free`` of the lane a new request with ``token_ids`` takes (non-empty
+        ``_free``): the longest shared prefix, the least recently freed among equals."""
+        shared = [_common_prefix(free.tokens, token_ids) for free in self._free]
+        return max(range(len(shared)), key=lambda j: (shared[j], -j))
 
     def uncached_tokens(self, request_id: str, prompt_ids: Sequence[int]) -> int:
         """Tokens :meth:`prefill` would run for this prompt now: all but the prefix held by
@@ -189,9 +200,11 @@ class DraftModelProposer:
         if not prompt_ids or len(prompt_ids) > self.max_model_len:
             return 0
         lane = self._lanes.get(request_id)
-        held = [lane] if lane is not None else self._free
-        shared = max((_common_prefix(free.tokens, prompt_ids) for free in held), default=0)
-        return len(prompt_ids) - min(shared, len(prompt_ids) - 1)
+        if lane is None:
+            if not self._free:
+                return len(prompt_ids)
+            lane = self._free[self._best_free(prompt_ids)]
+        return len(prompt_ids) - _kept(lane.tokens, prompt_ids)
 
     @torch.inference_mode()
     def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
@@ -202,8 +215,8 @@ class DraftModelProposer:
         if not prompt_ids or len(prompt_ids) > self.max_model_len:
             return
         lane = self._lane(request_id, prompt_ids)
-        keep = min(_common_prefix(lane.tokens, prompt_ids), len(prompt_ids) - 1)
-        del lane.tokens[keep:]  # the last token is fed again: its hidden state is not kept
+        keep = _kept(lane.tokens, prompt_ids)
+        del lane.tokens[keep:]
         self._forward({0: lane}, {0: list(prompt_ids[keep:])})
 
     @torch.inference_mode()
@@ -226,8 +239,7 @@ class DraftModelProposer:
         feeds: dict[int, list[int]] = {}
         for i in active:
             lane, tokens = lanes[i], batch[i].token_ids
-            # the last token must be fed
-            keep = min(_common_prefix(lane.tokens, tokens), len(tokens) - 1)
+            keep = _kept(lane.tokens, tokens)
             del lane.tokens[keep:]  # rollback: forget positions >= keep
             feeds[i] = tokens[keep:]
         self.last_catch_up_tokens = max(len(feed) for feed in feeds.values())

@@ -35,13 +35,11 @@ class PrefillBudget:
         min_tokens: passes shorter than this always run and are not timed (fixed costs
             dominate them).
         seconds_per_token: the average, None before a pass of ``min_tokens`` or more ran.
-        skipped: prompts left unread so far.
     """
 
     ema: float = 0.3
     min_tokens: int = 64
     seconds_per_token: float | None = None
-    skipped: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ema <= 1.0:
