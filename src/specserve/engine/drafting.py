@@ -61,57 +61,91 @@ def propose(
     return proposals
 
 
-def prefill_drafts(
+def read_prompts(
     proposer: Proposer | None,
     prompted: list[Request],
+    reading: list[Request],
     stats: StepStats,
     controller: KController | None = None,
     budget: PrefillBudget | None = None,
     batch_size: int = 1,
 ) -> None:
-    """Run the prompts of ``prompted`` (completed in this step, still running) through a
-    draft model now, in the step that prefilled them on the target, as vLLM's draft-model
-    proposer does; the next propose call then catches up one token.
+    """Run prompts through a draft model: those of ``prompted`` (completed in this step, still
+    running), in the step that prefilled them on the target, as vLLM's draft-model proposer
+    does, so the next propose call catches up one token; and a chunk more of each request of
+    ``reading`` (decoding, ``Request.draft_reading``), oldest first.
 
     Left to the first propose call, this pass made a request's first decode step its longest
     and counted in the time per output token; here it counts in the time to the first token,
     as in ``specserve perf``'s loop (``benchmarks/server_step.py --loop``: the engine's TPOT
     went from 1.27x the loop's to 0.97x on the gguf pair). It is draft time
-    (``StepStats.draft_s``), never a cost sample of the k controller (a step with a prompt is
-    not recorded). Proposers without a prompt pass (n-gram, suffix, heads) skip it.
+    (``StepStats.draft_s``), never a cost sample of the k controller (the engine records the
+    step's costs before this runs). Proposers without a prompt pass (n-gram, suffix, heads)
+    skip it.
 
-    With a ``budget`` and an adaptive ``controller`` (no fixed k), a request without a fixed
-    k of its own whose output cap cannot repay its pass (``PrefillBudget.pays``, at the most
-    a token can save by the controller's timings for ``batch_size`` requests) is not read: it
-    decodes without drafts (``Request.drafts_off``). Each pass run is timed for the budget."""
+    With a ``budget`` and an adaptive ``controller`` (no fixed k), a request without a fixed k
+    of its own is weighed (``PrefillBudget.first_pass``, at the most a token can save by the
+    controller's timings for ``batch_size`` requests): its prompt is read at once, or a chunk
+    now and the rest in later steps while it decodes plainly (``draft_reading``), or never
+    (``drafts_off``, also where the pass left to a reading request can no longer be repaid).
+    A reading step's chunks together run ``PrefillBudget.chunk`` tokens. Each pass is timed
+    for the budget."""
     prefill = getattr(proposer, "prefill", None)
-    if prefill is None or not prompted:
+    if prefill is None or not (prompted or reading):
         return
     uncached = getattr(proposer, "uncached_tokens", None)
-    judged = budget is not None and uncached is not None
-    # the most a token can save: one figure for the step (None: not judged, every pass runs)
-    saving = (
-        saving_per_token(controller, batch_size)
-        if judged and controller is not None and controller.fixed_k is None
-        else None
-    )
+    adaptive = controller is not None and controller.fixed_k is None
+    # the most a token can save and a plain step's time: one figure each for the step
+    saving = plain = None
+    if budget is not None and uncached is not None and adaptive:
+        assert controller is not None
+        saving = saving_per_token(controller, batch_size)
+        if controller.plain_cost_measured(batch_size):
+            plain = controller.verify_cost(1, batch_size)
+
+    def run(req: Request, tokens: list[int], uncached_now: int, num_tokens: int) -> None:
+        """Run ``num_tokens`` of the ``uncached_now`` tokens the lane lacks; time them."""
+        assert budget is not None
+        start = time.perf_counter()
+        left = prefill(req.request_id, tokens, max_tokens=num_tokens)
+        budget.record(uncached_now - left, time.perf_counter() - start)
+        req.draft_reading = left > 0
+
+    def undrafted(req: Request) -> None:
+        req.drafts_off, req.draft_reading = True, False
+        stats.num_prompts_undrafted += 1
+
     t0 = time.perf_counter()
     for req in prompted:
         if req.drafts_off:  # left unread before (recomputed after a preemption): stays so
             continue
         prompt = req.token_ids[: req.num_computed_tokens]
         if budget is None or uncached is None:
+            req.draft_reading = False
             prefill(req.request_id, prompt)
             continue
         n = uncached(req.request_id, prompt)
-        own_k = req.params.num_speculative_tokens is not None
-        if not own_k and not budget.pays(n, req.num_output_tokens_left, saving):
-            req.drafts_off = True
-            stats.num_prompts_undrafted += 1
+        first = (
+            budget.first_pass(n, req.num_output_tokens_left, saving, plain)
+            if adaptive and req.params.num_speculative_tokens is None
+            else n
+        )
+        if first is None:
+            undrafted(req)
+        else:
+            run(req, prompt, n, first)
+    allowance = budget.chunk(plain) if budget is not None else 0
+    for req in reading:
+        if allowance <= 0 or uncached is None or budget is None:
+            break
+        n = uncached(req.request_id, req.token_ids)
+        if saving is not None and not budget.pays(n, req.num_output_tokens_left, saving):
+            undrafted(req)
+            assert proposer is not None
+            proposer.release(req.request_id)  # the lane, and what it read, serve others
             continue
-        start = time.perf_counter()
-        prefill(req.request_id, prompt)
-        budget.record(n, time.perf_counter() - start)
+        run(req, req.token_ids, n, min(n, allowance))
+        allowance -= min(n, allowance)
     stats.draft_s += time.perf_counter() - t0
 
 

@@ -13,10 +13,12 @@ A step, in order (docs/design.md, "Engine contracts"):
 5. ``commit``: accepted tokens join the request; stop checks (EOS/stop ids, length, stop
    strings via the incremental detokenizer); rejected lookahead is rolled back by moving the
    computed-token pointer (``kv_manager.commit``); finished requests free their blocks.
-6. ``draft prefill``: a draft model runs the prompts that completed in this step, so their
-   first propose call catches up one token (``drafting.prefill_drafts``), unless a request's
-   output cap cannot repay the pass: that request decodes plainly
-   (``spec_decode/prefill_budget.py``).
+6. ``costs``: a pure decode step's propose and verify times teach the k controller
+   (``drafting.record_cost``).
+7. ``draft reading``: a draft model runs the prompts that completed in this step, so their
+   first propose call catches up one token, and a chunk more of the requests whose long
+   prompts it reads a chunk a step (``drafting.read_prompts``); a request whose output cap
+   cannot repay the pass decodes plainly (``spec_decode/prefill_budget.py``).
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class LLMEngine:
             model.capture_layers = tuple(self.proposer.target_hidden_layers)
         self.recording_hidden = False
         self.k_controller = k_controller if self.spec.enabled else None
-        # Whether a draft model's prompt pass can pay for itself (drafting.prefill_drafts).
+        # Whether a draft model's prompt pass can pay for itself (drafting.read_prompts).
         self.prefill_budget = PrefillBudget()
         k_max = self.spec.num_speculative_tokens or self.spec.k_max if self.spec.enabled else 0
         num_blocks = num_blocks_for(cache, model.cfg, model.dtype)
@@ -241,14 +243,18 @@ class LLMEngine:
             sampled = self._verify(sched.scheduled, proposals)
             stats.verify_s = time.perf_counter() - t0
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
-            live = [req for req in prompted if req.request_id in self.requests]
-            drafting.prefill_drafts(
-                self.proposer, live, stats, self.k_controller, self.prefill_budget,
-                batch_size=max(1, len(self.scheduler.running)),
-            )  # fmt: skip
             drafting.record_cost(
                 self.k_controller, self.proposer, sched.scheduled, proposals, stats
             )
+            live = [req for req in prompted if req.request_id in self.requests]
+            reading = [
+                req for req in self.scheduler.running
+                if req.draft_reading and req.is_decoding and req not in live
+            ]  # fmt: skip
+            drafting.read_prompts(
+                self.proposer, live, reading, stats, self.k_controller, self.prefill_budget,
+                batch_size=max(1, len(self.scheduler.running)),
+            )  # fmt: skip
         stats.num_running = len(self.scheduler.running)
         stats.num_waiting = len(self.scheduler.waiting)
         stats.kv_cache_usage = self.kv.pool.usage

@@ -54,6 +54,8 @@ class Request:
             positions ``hidden_start ..`` not yet handed to the proposer, in order.
         drafts_off: the request decodes without drafts (its draft model's prompt pass could
             not pay for itself: ``spec_decode/prefill_budget.py``).
+        draft_reading: the draft model is reading the request's tokens a chunk a step; it
+            decodes without drafts until the lane has caught up.
     """
 
     request_id: str
@@ -74,6 +76,7 @@ class Request:
     hidden_start: int = 0
     hidden_parts: list[torch.Tensor] = field(default_factory=list)
     drafts_off: bool = False
+    draft_reading: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

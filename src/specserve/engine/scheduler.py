@@ -142,7 +142,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _choose_k(self, req: Request, batch_size: int, budget: int) -> int:
-        if self.k_chooser is None or self.max_lookahead == 0 or req.drafts_off:
+        if self.k_chooser is None or self.max_lookahead == 0 or req.drafts_off or req.draft_reading:
             return 0
         k = req.params.num_speculative_tokens  # a request's own fixed k (``specserve tune``)
         if k is None:

@@ -207,17 +207,22 @@ class DraftModelProposer:
         return len(prompt_ids) - _kept(lane.tokens, prompt_ids)
 
     @torch.inference_mode()
-    def prefill(self, request_id: str, prompt_ids: list[int]) -> None:
-        """Optionally run the prompt through the draft ahead of the first propose (e.g. while
-        the target prefills), so the first decode step only catches up one token. Of a prompt
-        that begins as the tokens a free lane holds (an earlier request's), only the rest
-        runs."""
+    def prefill(self, request_id: str, prompt_ids: list[int], max_tokens: int | None = None) -> int:
+        """Run the prompt (or a request's committed tokens) through the draft ahead of the
+        first propose (e.g. while the target prefills), so the first decode step only catches
+        up one token. Of a prompt that begins as the tokens a free lane holds (an earlier
+        request's), only the rest runs; with ``max_tokens``, only that many of the rest (a
+        chunk: the next call goes on where this one stopped). Returns how many tokens are
+        left to run (0: the lane holds them all)."""
         if not prompt_ids or len(prompt_ids) > self.max_model_len:
-            return
+            return 0
         lane = self._lane(request_id, prompt_ids)
         keep = _kept(lane.tokens, prompt_ids)
+        end = len(prompt_ids) if max_tokens is None else min(len(prompt_ids), keep + max_tokens)
         del lane.tokens[keep:]
-        self._forward({0: lane}, {0: list(prompt_ids[keep:])})
+        if end > keep:
+            self._forward({0: lane}, {0: list(prompt_ids[keep:end])})
+        return len(prompt_ids) - end
 
     @torch.inference_mode()
     def propose(self, batch: Sequence[ProposeInput]) -> list[Proposal]:

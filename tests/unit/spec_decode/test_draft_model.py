@@ -179,6 +179,31 @@ def test_a_new_request_takes_the_free_lane_sharing_its_prefix_and_runs_only_the_
     assert draft == fresh_draft(proposer, [90, 91, 92], 3)
 
 
+def test_a_prompt_read_in_chunks_drafts_as_one_read_at_once() -> None:
+    """``prefill(..., max_tokens=m)`` runs the next m tokens the lane lacks and returns how
+    many are left; chunk after chunk (a request's committed tokens growing between them) the
+    lane ends up holding what one pass gives, and drafts the same."""
+    proposer = DraftModelProposer(make_tiny_model("qwen2", seed=9), 97, max_model_len=64)
+    tokens = list(range(20, 43))  # 23 tokens
+    fed: list[int] = []
+    forward = proposer._forward
+
+    def counting(lanes, feeds):  # type: ignore[no-untyped-def]
+        fed.append(sum(len(f) for f in feeds.values()))
+        return forward(lanes, feeds)
+
+    proposer._forward = counting  # type: ignore[method-assign]
+    assert proposer.prefill("r", tokens[:20], max_tokens=8) == 12
+    assert proposer.uncached_tokens("r", tokens[:20]) == 12
+    assert proposer.prefill("r", tokens[:21], max_tokens=8) == 5  # one more token committed
+    assert proposer.prefill("r", tokens, max_tokens=0) == 7  # nothing runs
+    assert proposer.prefill("r", tokens, max_tokens=8) == 0
+    assert fed == [8, 8, 7] and proposer._lanes["r"].tokens == tokens
+    draft = proposer.propose([inp("r", [*tokens, 5], 4)])[0].draft_token_ids
+    assert draft == fresh_draft(proposer, [*tokens, 5], 4)
+    assert fed[3] == 1  # the propose call caught up one token
+
+
 def test_identical_draft_model_proposes_the_targets_greedy_tokens() -> None:
     from specserve.spec_decode.plain_loop import generate_plain
 
