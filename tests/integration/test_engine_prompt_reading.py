@@ -75,7 +75,9 @@ def test_a_long_prompt_is_read_a_chunk_a_step_then_drafted(
     drafted = [o.spec.num_draft_tokens for o in outs]  # type: ignore[union-attr]
     assert not any(drafted[:reading_steps]), drafted  # no drafts while it reads
     assert any(drafted[reading_steps:]), drafted  # then it drafts
-    assert engine.stats().num_prompts_undrafted == 0
+    stats = engine.stats()
+    assert stats.num_prompts_undrafted == 0 and stats.num_prompts_chunked == 1
+    assert stats.draft_prompt_token_s == budget.seconds_per_token
     assert_plain(engine, target, prompt, params, outs)
 
 

@@ -132,8 +132,9 @@ def read_prompts(
         )
         if first is None:
             undrafted(req)
-        else:
-            run(req, prompt, n, first)
+            continue
+        run(req, prompt, n, first)
+        stats.num_prompts_chunked += int(req.draft_reading)
     allowance = budget.chunk(plain) if budget is not None else 0
     for req in reading:
         if allowance <= 0 or uncached is None or budget is None:

@@ -218,6 +218,7 @@ class LLMEngine:
         )
         snapshot = self.tracker.snapshot()
         snapshot.model_info = dict(self.model_info)
+        snapshot.draft_prompt_token_s = self.prefill_budget.seconds_per_token
         return snapshot
 
     # --- the step ----------------------------------------------------------------------------

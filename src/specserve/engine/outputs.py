@@ -97,6 +97,8 @@ class StepStats:
         num_generation_tokens: output tokens committed in the step.
         num_prompts_undrafted: requests whose prompt the draft model did not read in the step
             (their output cap could not repay the pass: ``spec_decode/prefill_budget.py``).
+        num_prompts_chunked: requests whose prompt the draft model began to read a chunk a
+            step in the step.
     """
 
     num_running: int = 0
@@ -113,6 +115,7 @@ class StepStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_prompts_undrafted: int = 0
+    num_prompts_chunked: int = 0
 
 
 TIME_BUCKETS_S = (
@@ -172,6 +175,9 @@ class EngineStats:
         num_spec_off_steps: request-steps decoded without a draft while speculation is on.
         num_prompts_undrafted: requests left without drafts because their output cap could
             not repay the draft model's pass over their prompt.
+        num_prompts_chunked: requests whose prompt the draft model read a chunk a step.
+        draft_prompt_token_s: the draft model's measured seconds per prompt token (None
+            before a pass was timed, or without a draft model).
         draft_s / verify_s: cumulative proposer and target-verify seconds.
         num_steps: engine steps run.
         num_preemptions: requests preempted (cumulative).
@@ -204,6 +210,8 @@ class EngineStats:
     )
     num_spec_off_steps: int = 0
     num_prompts_undrafted: int = 0
+    num_prompts_chunked: int = 0
+    draft_prompt_token_s: float | None = None
     draft_s: float = 0.0
     verify_s: float = 0.0
     num_steps: int = 0

@@ -30,6 +30,7 @@ class StatsTracker:
             s.k_chosen_hist.observe(k)
         s.num_spec_off_steps += step.num_spec_off
         s.num_prompts_undrafted += step.num_prompts_undrafted
+        s.num_prompts_chunked += step.num_prompts_chunked
         s.num_preemptions += step.num_preemptions
         if step.num_draft_tokens or step.draft_s > 0:
             s.draft_s += step.draft_s

@@ -99,6 +99,13 @@ class EngineStatsCollector(Collector):
         yield counter("specserve:prompts_undrafted",
                       "Requests decoded without drafts: the output cap could not repay the "
                       "draft model's pass over the prompt.", st.num_prompts_undrafted)  # fmt: skip
+        yield counter("specserve:prompts_read_in_chunks",
+                      "Requests whose prompt the draft model read a chunk a step while they "
+                      "decoded plainly.", st.num_prompts_chunked)  # fmt: skip
+        if st.draft_prompt_token_s is not None:
+            yield gauge("specserve:draft_prompt_token_seconds",
+                        "The draft model's measured seconds per prompt token.",
+                        st.draft_prompt_token_s)  # fmt: skip
         yield counter("specserve:num_preemptions", "Requests preempted for KV space.",
                       st.num_preemptions)  # fmt: skip
         k_hist = HistogramMetricFamily(

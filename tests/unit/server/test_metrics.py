@@ -42,6 +42,9 @@ def test_engine_stats_become_metrics() -> None:
         k_chosen_counts={0: 4, 3: 1, 2: 1},
         num_spec_off_steps=4,
         num_preemptions=1,
+        num_prompts_undrafted=3,
+        num_prompts_chunked=2,
+        draft_prompt_token_s=0.003,
     )
     m = ServerMetrics("tiny", lambda: stats)
     m.steps.observe_step(StepStats(draft_s=0.01, verify_s=0.2))
@@ -60,6 +63,11 @@ def test_engine_stats_become_metrics() -> None:
     assert got[(pos, (("model_name", "tiny"), ("position", "2")))] == 0
     assert got[("specserve:spec_off_steps_total", lbl)] == 4
     assert got[("specserve:num_preemptions_total", lbl)] == 1
+    assert got[("specserve:prompts_undrafted_total", lbl)] == 3
+    assert got[("specserve:prompts_read_in_chunks_total", lbl)] == 2
+    assert got[("specserve:draft_prompt_token_seconds", lbl)] == 0.003
+    unmeasured = samples(ServerMetrics("tiny", lambda: EngineStats()))
+    assert not [name for name, _ in unmeasured if name == "specserve:draft_prompt_token_seconds"]
     assert got[("specserve:spec_k_chosen_count", lbl)] == 6
     assert got[("specserve:spec_k_chosen_sum", lbl)] == 5
     assert got[("specserve:spec_k_chosen_bucket", (("le", "0.0"), ("model_name", "tiny")))] == 4
