@@ -31,6 +31,19 @@ def fresh_draft(proposer: DraftModelProposer, tokens: list[int], k: int) -> list
     return other.propose([inp("x", tokens, k)])[0].draft_token_ids
 
 
+def count_fed_tokens(proposer: DraftModelProposer) -> list[int]:
+    """Wrap the proposer's forward: the returned list gets the tokens each forward ran."""
+    fed: list[int] = []
+    forward = proposer._forward
+
+    def counting(lanes, feeds):  # type: ignore[no-untyped-def]
+        fed.append(sum(len(f) for f in feeds.values()))
+        return forward(lanes, feeds)
+
+    proposer._forward = counting  # type: ignore[method-assign]
+    return fed
+
+
 class ToyTokenizer:
     """Character-level tokenizer; ``shift`` makes a different (incompatible) vocabulary."""
 
@@ -150,14 +163,7 @@ def test_a_new_request_takes_the_free_lane_sharing_its_prefix_and_runs_only_the_
     lane_a, lane_b = proposer._lanes["a"], proposer._lanes["b"]
     proposer.release("a")
     proposer.release("b")  # freed last, but shares only 5 tokens with the prompt below
-    fed: list[int] = []
-    forward = proposer._forward
-
-    def counting(lanes, feeds):  # type: ignore[no-untyped-def]
-        fed.append(sum(len(f) for f in feeds.values()))
-        return forward(lanes, feeds)
-
-    proposer._forward = counting  # type: ignore[method-assign]
+    fed = count_fed_tokens(proposer)
     prompt = [*shared, 7, 8, 9]
     assert proposer.uncached_tokens("c", prompt) == 3  # what the pass below runs
     assert proposer.uncached_tokens("c", list(range(65))) == 0  # too long for a lane
@@ -185,14 +191,7 @@ def test_a_prompt_read_in_chunks_drafts_as_one_read_at_once() -> None:
     lane ends up holding what one pass gives, and drafts the same."""
     proposer = DraftModelProposer(make_tiny_model("qwen2", seed=9), 97, max_model_len=64)
     tokens = list(range(20, 43))  # 23 tokens
-    fed: list[int] = []
-    forward = proposer._forward
-
-    def counting(lanes, feeds):  # type: ignore[no-untyped-def]
-        fed.append(sum(len(f) for f in feeds.values()))
-        return forward(lanes, feeds)
-
-    proposer._forward = counting  # type: ignore[method-assign]
+    fed = count_fed_tokens(proposer)
     assert proposer.prefill("r", tokens[:20], max_tokens=8) == 12
     assert proposer.uncached_tokens("r", tokens[:20]) == 12
     assert proposer.prefill("r", tokens[:21], max_tokens=8) == 5  # one more token committed
