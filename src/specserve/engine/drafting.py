@@ -94,10 +94,16 @@ def read_prompts(
     if prefill is None or not (prompted or reading):
         return
     uncached = getattr(proposer, "uncached_tokens", None)
+    if budget is None or uncached is None:  # every prompt at once, untimed
+        t0 = time.perf_counter()
+        for req in prompted:
+            prefill(req.request_id, req.token_ids[: req.num_computed_tokens])
+        stats.draft_s += time.perf_counter() - t0
+        return
     adaptive = controller is not None and controller.fixed_k is None
     # the most a token can save and a plain step's time: one figure each for the step
     saving = plain = None
-    if budget is not None and uncached is not None and adaptive:
+    if adaptive:
         assert controller is not None
         saving = saving_per_token(controller, batch_size)
         if controller.plain_cost_measured(batch_size):
@@ -120,10 +126,6 @@ def read_prompts(
         if req.drafts_off:  # left unread before (recomputed after a preemption): stays so
             continue
         prompt = req.token_ids[: req.num_computed_tokens]
-        if budget is None or uncached is None:
-            req.draft_reading = False
-            prefill(req.request_id, prompt)
-            continue
         n = uncached(req.request_id, prompt)
         first = (
             budget.first_pass(n, req.num_output_tokens_left, saving, plain)
@@ -135,9 +137,9 @@ def read_prompts(
             continue
         run(req, prompt, n, first)
         stats.num_prompts_chunked += int(req.draft_reading)
-    allowance = budget.chunk(plain) if budget is not None else 0
+    allowance = budget.chunk(plain)
     for req in reading:
-        if allowance <= 0 or uncached is None or budget is None:
+        if allowance <= 0:
             break
         n = uncached(req.request_id, req.token_ids)
         if saving is not None and not budget.pays(n, req.num_output_tokens_left, saving):

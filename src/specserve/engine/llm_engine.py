@@ -229,6 +229,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         stats = StepStats(num_preemptions=len(sched.preempted))
         for req in sched.preempted:
+            req.draft_reading = False  # its lane goes: read afresh once recomputed
             if self.proposer is not None:
                 self.proposer.release(req.request_id)
         outputs: list[RequestOutput] = []
@@ -248,10 +249,7 @@ class LLMEngine:
                 self.k_controller, self.proposer, sched.scheduled, proposals, stats
             )
             live = [req for req in prompted if req.request_id in self.requests]
-            reading = [
-                req for req in self.scheduler.running
-                if req.draft_reading and req.is_decoding and req not in live
-            ]  # fmt: skip
+            reading = [req for req in self.scheduler.running if req.draft_reading]
             drafting.read_prompts(
                 self.proposer, live, reading, stats, self.k_controller, self.prefill_budget,
                 batch_size=max(1, len(self.scheduler.running)),
