@@ -51,15 +51,18 @@ def test_rows_are_bit_identical_whatever_the_batch(threads: int, k: int, amx_swi
     """Every row of an M-row call equals the same row computed alone or among other rows,
     for every M the kernel blocks differently (1, 2, 3, 4-6 on AVX-512 and 4-5 on AVX2, 7
     and 8 in one block on AVX-512, several row blocks; on the AMX tiles up to 16 rows a
-    block, so M = 17-20 takes two); K = 80 ends in a half chunk on the AVX-512 BF16 variant
-    (chunks of 32 inputs) and stays off the tiles; N = 1003 leaves 11 rows that the tiles
-    hand to the AVX-512 kernel."""
-    w, b, x = _data(1003, k, 20, seed=1)
+    block, and from two blocks on, pairs of them against pairs of weight blocks: M = 17-20
+    takes one pair, of equal or unequal blocks, M = 33-48 a pair and one block left over,
+    M = 49-52 two pairs); K = 80 ends in a half chunk on the AVX-512 BF16 variant (chunks of
+    32 inputs) and stays off the tiles; N = 1003 leaves 11 rows that the tiles hand to the
+    AVX-512 kernel, and a thread's share of 16-row weight blocks may be odd (one block alone
+    beside the pairs)."""
+    w, b, x = _data(1003, k, 52, seed=1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        alone = torch.cat([bf16_native.matmul(x[i : i + 1], w, b) for i in range(20)])
-        for m in range(1, 21):
+        alone = torch.cat([bf16_native.matmul(x[i : i + 1], w, b) for i in range(52)])
+        for m in (*range(1, 21), 32, 33, 35, 47, 48, 49, 50, 52):
             assert torch.equal(bf16_native.matmul(x[:m], w, b), alone[:m]), m
         assert torch.equal(bf16_native.matmul(x[5:10], w, b), alone[5:10])
     finally:

@@ -234,19 +234,90 @@ void amx_block(const Job& j, const uint32_t* xi, int64_t n0, int64_t m0, int64_t
     for (int64_t m = 0; m < mr; ++m) store_output(j, m0 + m, n0 + r, sums[r][m]);
 }
 
+// Calls of several x row blocks (a prompt's chunk): tiles 0-3 the sums of weight block w
+// (of NW, 16 rows each) against x block b (of NX) at 2 * w + b, tiles 4-5 the weight blocks'
+// 16 x 32 inputs, tiles 6-7 the x blocks' pairs (rows mr[0], mr[1]).
+void load_grid_config(const int64_t (&mr)[2]) {
+  specserve_native::TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = kAmxRows;
+    c.colsb[t] = t == 4 || t == 5 ? 64 : static_cast<uint16_t>(mr[(t < 4 ? t : t - 6) & 1] * 4);
+  }
+  _tile_loadconfig(&c);
+}
+
+// Weight rows [n0, n0 + 16 NW) against the x row blocks from m0[b] (mr[b] rows, pairs at x[b]):
+// each output's sums are amx_block's (tdpbf16ps over the inputs in order into a zeroed tile,
+// whatever shares the call), but a weight tile serves NX x blocks and an x tile NW weight
+// blocks, and the NW x NX chains of the grid keep the tile unit busy where amx_block's one
+// chain waits on its last product.
+template <int NW, int NX>
+void amx_grid(const Job& j, const uint32_t* const (&x)[2], int64_t n0, const int64_t (&m0)[2],
+              const int64_t (&mr)[2]) {
+  const int64_t K = j.K;
+  const uint16_t* w = j.w + n0 * K;
+  _tile_zero(0);
+  if constexpr (NX == 2) _tile_zero(1);
+  if constexpr (NW == 2) _tile_zero(2);
+  if constexpr (NW == 2 && NX == 2) _tile_zero(3);
+  for (int64_t k = 0; k < K; k += kAmxK) {
+    for (int64_t r = 0; r < NW * kAmxRows; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, _MM_HINT_T0);
+    _tile_loadd(4, w + k, K * 2);
+    if constexpr (NW == 2) _tile_loadd(5, w + kAmxRows * K + k, K * 2);
+    _tile_loadd(6, x[0] + (k / 2) * mr[0], mr[0] * 4);
+    if constexpr (NX == 2) _tile_loadd(7, x[1] + (k / 2) * mr[1], mr[1] * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NX == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (NW == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (NW == 2 && NX == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float sums[4][kAmxRows][kAmxRows];
+  _tile_stored(0, sums[0], 64);
+  if constexpr (NX == 2) _tile_stored(1, sums[1], 64);
+  if constexpr (NW == 2) _tile_stored(2, sums[2], 64);
+  if constexpr (NW == 2 && NX == 2) _tile_stored(3, sums[3], 64);
+  for (int wb = 0; wb < NW; ++wb)
+    for (int b = 0; b < NX; ++b)
+      for (int64_t r = 0; r < kAmxRows; ++r)
+        for (int64_t m = 0; m < mr[b]; ++m)
+          store_output(j, m0[b] + m, n0 + wb * kAmxRows + r, sums[2 * wb + b][r][m]);
+}
+
 void run_range(const Job& j, int64_t begin, int64_t end);
 
 // Weight rows [begin, end) on the tiles, x in row blocks of up to 16 rows (xi: all blocks'
-// interleaved pairs); the last (end - begin) mod 16 rows on the AVX-512 kernel.
+// interleaved pairs); the last (end - begin) mod 16 rows on the AVX-512 kernel. One x block
+// (decode, verify): a block of 16 weight rows at a time, read from memory once. Several (a
+// prompt's chunk): pairs of weight blocks, each pair against every x block two at a time while
+// it sits in L2, so the weights are read from memory once per call, not once per x block.
 void run_range_amx(const Job& j, const uint32_t* xi, int64_t begin, int64_t end) {
   const int64_t whole = begin + (end - begin) / kAmxRows * kAmxRows;
   const int64_t blocks = specserve_native::num_row_blocks(j.M, kAmxRows);
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t m0 = specserve_native::row_block_start(j.M, kAmxRows, i);
-    const int64_t mr = specserve_native::row_block_start(j.M, kAmxRows, i + 1) - m0;
-    load_tile_config(mr);
-    const uint32_t* x = xi + m0 * (j.K / 2);
-    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, x, n, m0, mr);
+  const auto start = [&](int64_t i) { return specserve_native::row_block_start(j.M, kAmxRows, i); };
+  if (blocks == 1) {
+    load_tile_config(j.M);
+    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, xi, n, 0, j.M);
+  } else {
+    int64_t configured[2] = {0, 0};
+    for (int64_t n = begin; n < whole; n += 2 * kAmxRows) {
+      const bool two_w = whole - n >= 2 * kAmxRows;
+      for (int64_t i = 0; i < blocks; i += 2) {
+        const bool two_x = i + 1 < blocks;
+        const int64_t m0[2] = {start(i), two_x ? start(i + 1) : start(i)};
+        const int64_t mr[2] = {start(i + 1) - m0[0], two_x ? start(i + 2) - m0[1] : start(i + 1) - m0[0]};
+        if (mr[0] != configured[0] || mr[1] != configured[1]) {
+          load_grid_config(mr);
+          configured[0] = mr[0];
+          configured[1] = mr[1];
+        }
+        const uint32_t* const x[2] = {xi + m0[0] * (j.K / 2), xi + m0[1] * (j.K / 2)};
+        if (two_w && two_x) amx_grid<2, 2>(j, x, n, m0, mr);
+        else if (two_w) amx_grid<2, 1>(j, x, n, m0, mr);
+        else if (two_x) amx_grid<1, 2>(j, x, n, m0, mr);
+        else amx_grid<1, 1>(j, x, n, m0, mr);
+      }
+    }
   }
   _tile_release();
   if (whole < end) run_range(j, whole, end);

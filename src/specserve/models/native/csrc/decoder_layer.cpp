@@ -142,6 +142,7 @@ struct AttentionProblem {
 // each key's lines in turn.
 constexpr int64_t kKeysAhead = 8;
 constexpr int64_t kKeyBlock = 8;  // keys whose q.k chains run side by side
+constexpr int64_t kAttendRows = 16;  // rows of a sequence one attention task takes at most
 
 template <int Hint>
 inline void prefetch_row(const uint16_t* row, int64_t hd) {
@@ -589,10 +590,16 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
                      static_cast<float>(std::pow(static_cast<double>(hd), -0.5)),
                      fast_attention(), false};
   a.lanes = a.fast && bf16_scores(hd);
-  // a sequence's rows together, or (the earlier form) each row on its own
-  const int64_t rows = a.fast ? M / L.B : 1;
-  torch::stable::parallel_for(0, M / rows * nkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) attend(a, t / nkv * rows, rows, t % nkv);
+  // A sequence's rows together, up to kAttendRows at a time (a prompt's chunk in several
+  // tasks: more of them for the threads, and scores for that many rows at most in a thread's
+  // scratch), or (the earlier form) each row on its own. A row's bits do not depend on which.
+  const int64_t T = M / L.B, rows = a.fast ? std::min(T, kAttendRows) : 1;
+  const int64_t parts = (T + rows - 1) / rows;  // per sequence
+  torch::stable::parallel_for(0, L.B * parts * nkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t part = t / nkv % parts, r0 = part * rows;
+      attend(a, t / nkv / parts * T + r0, std::min(rows, T - r0), t % nkv);
+    }
   });
   proj.o(s.attn.data(), M, s.o.data(), f32);
   add_to(x, s.o.data(), s.x1.data(), M * H);
