@@ -28,6 +28,7 @@ from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary, f
 # verifies): attention runs row by row, and an installed layer runner takes the forward.
 SHORT_FORWARD_ROWS = 16
 
+
 # Runs every decoder layer of a short forward (see DecoderLM.layer_runner):
 # (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv, captured) -> hidden
 # before the norm, in the model's dtype or fp32; the residual stream entering each layer in
@@ -272,9 +273,14 @@ class DecoderLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # Every forward runs all layers through this runner when one is installed (a prompt
-        # in chunks of SHORT_FORWARD_ROWS tokens)
+        # in chunks of prompt_chunk_rows tokens)
         # (models/native/fused_layer.py: enable installs one native op per layer).
         self.layer_runner: LayerRunner | None = None
+        # Prompt tokens per runner call: a longer forward runs in chunks of this many, each
+        # attending to the cache the earlier ones wrote. The runner's rows do not depend on the
+        # chunking, so the size only sets how often the weights are read (the installer picks
+        # it: fused_layer.enable).
+        self.prompt_chunk_rows = SHORT_FORWARD_ROWS
         # compute_logits runs through this when one is installed (fused_layer.py: the native
         # bf16 LM head).
         self.logits_runner: LogitsRunner | None = None
@@ -308,7 +314,7 @@ class DecoderLM(nn.Module):
         """Run the decoder over a padded batch, writing its K/V into ``kv``.
 
         With a :attr:`layer_runner` installed (models/native/fused_layer.py), every forward
-        runs the layers through it, a prompt in chunks of ``SHORT_FORWARD_ROWS`` tokens.
+        runs the layers through it, a prompt in chunks of :attr:`prompt_chunk_rows` tokens.
 
         Args:
             input_ids: ``# [B, T]`` token ids (padding: any valid id).
@@ -347,10 +353,10 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary(meta.positions, x.dtype)
         if self.layer_runner is not None:
             # A longer forward (a prompt) runs through the runner in chunks of
-            # SHORT_FORWARD_ROWS tokens, each chunk attending to the cache the earlier ones
+            # prompt_chunk_rows tokens, each chunk attending to the cache the earlier ones
             # wrote: the runner's rows do not depend on how they are grouped, so every prompt
             # row gets, bit for bit, what a decode or verify step would give it.
-            t, n = input_ids.shape[1], SHORT_FORWARD_ROWS
+            t, n = input_ids.shape[1], self.prompt_chunk_rows
             chunks, per_chunk = [], []
             for s in range(0, t, n):
                 got: list[torch.Tensor] | None = [] if inner else None

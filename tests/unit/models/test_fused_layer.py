@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.kv_cache.single_sequence import SingleSequenceCache
-from specserve.models.decoder import AttentionMetadata, DecoderLM
+from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLM
 from specserve.models.native import bf16_native, build, fused_layer, int4_native
 from specserve.models.native.tile_stream import EXACT_X
 from specserve.models.quant.quantize import quantize_model
@@ -174,16 +174,33 @@ def test_chunks_equal_token_by_token_bit_for_bit(family: str, fmt: str) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_a_prompt_prefills_as_its_tokens_decode_one_by_one(family: str, fmt: str) -> None:
-    """A prompt longer than SHORT_FORWARD_ROWS runs in chunks through the fused ops: its rows
-    (so its cached keys and values and its first token) equal one-token steps bit for bit."""
+@pytest.mark.parametrize("chunk_rows", [16, 128])
+def test_a_prompt_prefills_as_its_tokens_decode_one_by_one(
+    family: str, fmt: str, chunk_rows: int
+) -> None:
+    """A prompt runs in chunks of ``prompt_chunk_rows`` tokens through the fused ops: its rows
+    (so its cached keys and values and its first token) equal one-token steps bit for bit,
+    in chunks of 16, 16 and 8, or in one of 40 rows (several row blocks in each matmul, the
+    attention in parts of 16 rows)."""
     model = _model(family, fmt)
-    prompt = IDS[:18] + IDS  # 40 tokens: chunks of 16, 16 and 8
+    model.prompt_chunk_rows = chunk_rows
+    prompt = IDS[:18] + IDS  # 40 tokens
     whole = SingleSequenceCache(model, 64).forward(prompt)
     one = SingleSequenceCache(model, 64)
     by_token = torch.cat([one.forward([i]) for i in prompt])
     assert torch.equal(whole, by_token)
     assert torch.equal(model.compute_logits(whole[-1:]), model.compute_logits(by_token[-1:]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prompt_chunks_follow_the_weights(fmt: str) -> None:
+    """bf16 layers take prompts in chunks of BF16_PROMPT_ROWS (their matmuls read the weights
+    once per call), quantised ones in chunks of 16; the eager path is back at 16."""
+    model = _model(fmt=fmt)
+    want = fused_layer.BF16_PROMPT_ROWS if fmt == "bf16" else SHORT_FORWARD_ROWS
+    assert model.prompt_chunk_rows == want
+    fused_layer.disable(model)
+    assert model.prompt_chunk_rows == SHORT_FORWARD_ROWS
 
 
 def _meta(seqs: list[tuple[int, int, int]], block: int, pad: int = 0) -> AttentionMetadata:
@@ -353,11 +370,10 @@ def test_engine_batching_and_speculation_equal_plain(method: str, fmt: str) -> N
 
 def test_decoder_routes_forwards_through_an_installed_layer_runner() -> None:
     """The hook ``enable`` uses (checked on any CPU): with a runner installed, every forward
-    runs the layers through it, one longer than SHORT_FORWARD_ROWS tokens in chunks of that
-    size, and removing it restores the eager path."""
-    from specserve.models.decoder import SHORT_FORWARD_ROWS
-
+    runs the layers through it, one longer than ``prompt_chunk_rows`` tokens in chunks of
+    that size, and removing it restores the eager path."""
     model = make_tiny_model("qwen2", **SHAPE)
+    chunk = model.prompt_chunk_rows
     calls: list[int] = []
 
     def eager_runner(m, x, cos, sin, meta, kv, captured=None):  # type: ignore[no-untyped-def]
@@ -368,7 +384,7 @@ def test_decoder_routes_forwards_through_an_installed_layer_runner() -> None:
             x = layer(x, cos, sin, meta, mask, kv)
         return x
 
-    ids = [(7 * i + 3) % 90 for i in range(SHORT_FORWARD_ROWS + 5)]
+    ids = [(7 * i + 3) % 90 for i in range(chunk + 5)]
     plain = SingleSequenceCache(model, 64)
     want = [plain.forward(ids[:4]), plain.forward(ids[4:])]
     assert not model.fused_layers
@@ -376,7 +392,7 @@ def test_decoder_routes_forwards_through_an_installed_layer_runner() -> None:
     assert model.fused_layers
     hooked = SingleSequenceCache(model, 64)
     got = [hooked.forward(ids[:4]), hooked.forward(ids[4:])]
-    assert calls == [4, SHORT_FORWARD_ROWS, 1]  # the 17-token forward in two chunks
+    assert calls == [4, chunk, 1]  # the 17-token forward in two chunks
     assert torch.equal(want[0], got[0])
     # The chunks attend row by row, the whole forward through SDPA: equal to rounding.
     torch.testing.assert_close(want[1], got[1], rtol=1e-5, atol=1e-5)

@@ -17,8 +17,9 @@ When: :func:`enable` is called on every model that the loader builds and on ever
 one (models/quant/quantize.py). It turns the path on only where every layer can take it: bf16
 activations on CPU, every projection on one of the native kernels, head_dim and hidden sizes
 multiples of 16. Every forward takes it: decode steps and ``k + 1``-token verifies in one
-call per layer, prompts in chunks of ``MAX_ROWS`` tokens (``DecoderLM.forward``), each
-chunk attending to the keys and values the earlier ones cached.
+call per layer, prompts in chunks of ``DecoderLM.prompt_chunk_rows`` tokens
+(``DecoderLM.forward``; :data:`BF16_PROMPT_ROWS` for bf16 weights, else 16), each chunk
+attending to the keys and values the earlier ones cached.
 ``SPECSERVE_FUSED_LAYER=0`` turns it off (checked when a model is set up), e.g. to compare
 both paths.
 
@@ -64,6 +65,11 @@ logger = logging.getLogger(__name__)
 
 _MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
+# Prompt tokens per call of the bf16 op: its matmuls on the AMX tiles read the weights once
+# per call, however many rows (bf16_gemm.cpp), so a 512-token prompt prefilled 1.9x faster in
+# chunks of 128 than of 16 (docs/benchmarks.md). The quantised ops take 16: their prefill is
+# bound by arithmetic, and the int4 draft's ran slower in chunks of 128.
+BF16_PROMPT_ROWS = 128
 # Input rows from which a draft model's quantised matmuls take the AMX tiles (wherever the CPU
 # has them): on the gguf 0.5B a forward of 3 rows ran at 1.02x of vdpbf16ps on them, of 4 at
 # 1.09x, of a 16-row prompt chunk at 1.77x (docs/benchmarks.md, benchmarks/int8_group_kernel.py
@@ -282,9 +288,11 @@ def enable(model: DecoderLM) -> bool:
     for layer, weights in zip(_layers(model), plan, strict=True):
         layer.fused = weights
     model.layer_runner = run_layers
+    bf16_op = plan[0].op == "bf16_decoder_layer"
+    model.prompt_chunk_rows = BF16_PROMPT_ROWS if bf16_op else SHORT_FORWARD_ROWS
     lm_head = model.lm_head
     dense_head = type(lm_head) is torch.nn.Linear and lm_head.bias is None
-    bf16_head = plan[0].op == "bf16_decoder_layer" and dense_head
+    bf16_head = bf16_op and dense_head
     model.logits_runner = native_logits if bf16_head else None
     return True
 
@@ -334,6 +342,7 @@ def disable(model: DecoderLM) -> None:
     """Back to the eager path for every forward of ``model``."""
     model.layer_runner = None
     model.logits_runner = None
+    model.prompt_chunk_rows = SHORT_FORWARD_ROWS
     for layer in _layers(model):
         layer.fused = None
 
