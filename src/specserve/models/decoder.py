@@ -28,7 +28,6 @@ from specserve.models.norm_rope import RMSNorm, RotaryEmbedding, apply_rotary, f
 # verifies): attention runs row by row, and an installed layer runner takes the forward.
 SHORT_FORWARD_ROWS = 16
 
-
 # Runs every decoder layer of a short forward (see DecoderLM.layer_runner):
 # (model, x # [B, T, hidden], cos, sin # [B, T, head_dim], meta, kv, captured) -> hidden
 # before the norm, in the model's dtype or fp32; the residual stream entering each layer in
@@ -272,17 +271,12 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # Every forward runs all layers through this runner when one is installed (a prompt
-        # in chunks of prompt_chunk_rows tokens)
-        # (models/native/fused_layer.py: enable installs one native op per layer).
+        # Every forward runs all layers through this runner when one is installed, a prompt in
+        # chunks of prompt_chunk_rows tokens (models/native/fused_layer.py: enable installs one
+        # native op per layer and picks the chunk, which sets how often weights are read).
         self.layer_runner: LayerRunner | None = None
-        # Prompt tokens per runner call: a longer forward runs in chunks of this many, each
-        # attending to the cache the earlier ones wrote. The runner's rows do not depend on the
-        # chunking, so the size only sets how often the weights are read (the installer picks
-        # it: fused_layer.enable).
         self.prompt_chunk_rows = SHORT_FORWARD_ROWS
-        # compute_logits runs through this when one is installed (fused_layer.py: the native
-        # bf16 LM head).
+        # compute_logits runs through this when installed (fused_layer.py: the native bf16 head).
         self.logits_runner: LogitsRunner | None = None
         # Hidden states recorded by every forward for a proposer that drafts from them
         # (EAGLE, Medusa): indices in Hugging Face's ``hidden_states`` numbering, index i <
@@ -352,10 +346,9 @@ class DecoderLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(meta.positions, x.dtype)
         if self.layer_runner is not None:
-            # A longer forward (a prompt) runs through the runner in chunks of
-            # prompt_chunk_rows tokens, each chunk attending to the cache the earlier ones
-            # wrote: the runner's rows do not depend on how they are grouped, so every prompt
-            # row gets, bit for bit, what a decode or verify step would give it.
+            # A prompt runs in chunks of prompt_chunk_rows tokens, each attending to the cache
+            # the earlier ones wrote: the runner's rows do not depend on the grouping, so each
+            # prompt row gets, bit for bit, what a decode or verify step would give it.
             t, n = input_ids.shape[1], self.prompt_chunk_rows
             chunks, per_chunk = [], []
             for s in range(0, t, n):

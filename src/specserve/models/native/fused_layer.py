@@ -1,10 +1,9 @@
 """Decode and verify steps with one native call per decoder layer (bf16 models on CPU).
 
-Why: a decode step is bound by reading the weights, but the eager module also dispatches
-~1,900 small ATen ops per step around those matmuls (norms, RoPE, cache writes, attention,
-residuals), which cost another 10-15 ms at the 1.5B's size. A native op
-(``csrc/decoder_layer.cpp``) runs a whole layer in one call on reused buffers, in one of two
-forms:
+Why: a decode step is bound by reading the weights, but the eager module also dispatches ~1,900
+small ATen ops per step around those matmuls (norms, RoPE, cache writes, attention, residuals),
+10-15 ms more at the 1.5B's size. A native op (``csrc/decoder_layer.cpp``) runs a whole layer
+in one call on reused buffers, in one of two forms:
 
 - ``int4_decoder_layer`` for quantised models whose projections all run on the native int4
   kernel (models/native/int4_native.py) or the native int8-group kernel
@@ -16,12 +15,10 @@ forms:
 When: :func:`enable` is called on every model that the loader builds and on every quantised
 one (models/quant/quantize.py). It turns the path on only where every layer can take it: bf16
 activations on CPU, every projection on one of the native kernels, head_dim and hidden sizes
-multiples of 16. Every forward takes it: decode steps and ``k + 1``-token verifies in one
-call per layer, prompts in chunks of ``DecoderLM.prompt_chunk_rows`` tokens
-(``DecoderLM.forward``; :data:`BF16_PROMPT_ROWS` for bf16 weights, else 16), each chunk
-attending to the keys and values the earlier ones cached.
-``SPECSERVE_FUSED_LAYER=0`` turns it off (checked when a model is set up), e.g. to compare
-both paths.
+multiples of 16. Every forward takes it: decode steps and ``k + 1``-token verifies in one call
+per layer, prompts in chunks of ``DecoderLM.prompt_chunk_rows`` tokens (:data:`BF16_PROMPT_ROWS`
+for bf16 weights, else 16), each attending to what the earlier ones cached.
+``SPECSERVE_FUSED_LAYER=0`` (checked at set-up) turns it off, e.g. to compare both paths.
 
 Numbers: the residual stream between layers stays in fp32, bf16 being only what enters a
 projection, the KV cache and the attention output, and the final norm's output
@@ -32,9 +29,8 @@ the eager path to bf16 rounding, not bit for bit. Each query row's result is ind
 the batch, of the chunk it is in and of the context length the batch is padded to, so
 speculative greedy output equals plain greedy output on this path, also with several
 sequences batched. Prompts take the same path, so a prompt's cached keys and values and its
-first token are, bit for bit, what decoding the prompt one token at a time would give; on the
-1.5B in bf16 the chunks also prefill 1.2-1.4x faster than PyTorch's bf16 linears on an AVX2
-CPU (``benchmarks/bf16_kernel.py --part prefill``; figures in docs/benchmarks.md).
+first token are, bit for bit, what decoding it one token at a time gives (prefill speed:
+``benchmarks/bf16_kernel.py --part prefill``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -65,11 +61,7 @@ logger = logging.getLogger(__name__)
 
 _MLP = ("gate", "up", "down")
 MAX_ROWS = SHORT_FORWARD_ROWS  # new tokens per sequence up to which the fused path runs
-# Prompt tokens per call of the bf16 op: its matmuls on the AMX tiles read the weights once
-# per call, however many rows (bf16_gemm.cpp), so a 512-token prompt prefilled 1.9x faster in
-# chunks of 128 than of 16 (docs/benchmarks.md). The quantised ops take 16: their prefill is
-# bound by arithmetic, and the int4 draft's ran slower in chunks of 128.
-BF16_PROMPT_ROWS = 128
+BF16_PROMPT_ROWS = 128  # bf16 prompt chunk: on the tiles, weights read once a call (benchmarks.md)
 # Input rows from which a draft model's quantised matmuls take the AMX tiles (wherever the CPU
 # has them): on the gguf 0.5B a forward of 3 rows ran at 1.02x of vdpbf16ps on them, of 4 at
 # 1.09x, of a 16-row prompt chunk at 1.77x (docs/benchmarks.md, benchmarks/int8_group_kernel.py
@@ -113,7 +105,7 @@ def _native_args(linear: object, what: str) -> tuple[object, ...]:
 
 
 class _NotFusable(Exception):
-    pass
+    """A layer the fused ops cannot take (the message says why)."""
 
 
 def _norms(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -290,9 +282,8 @@ def enable(model: DecoderLM) -> bool:
     model.layer_runner = run_layers
     bf16_op = plan[0].op == "bf16_decoder_layer"
     model.prompt_chunk_rows = BF16_PROMPT_ROWS if bf16_op else SHORT_FORWARD_ROWS
-    lm_head = model.lm_head
-    dense_head = type(lm_head) is torch.nn.Linear and lm_head.bias is None
-    bf16_head = bf16_op and dense_head
+    head = model.lm_head
+    bf16_head = bf16_op and type(head) is torch.nn.Linear and head.bias is None
     model.logits_runner = native_logits if bf16_head else None
     return True
 
