@@ -305,7 +305,8 @@ void run_range_amx(const Job& j, const uint32_t* xi, int64_t begin, int64_t end)
       for (int64_t i = 0; i < blocks; i += 2) {
         const bool two_x = i + 1 < blocks;
         const int64_t m0[2] = {start(i), two_x ? start(i + 1) : start(i)};
-        const int64_t mr[2] = {start(i + 1) - m0[0], two_x ? start(i + 2) - m0[1] : start(i + 1) - m0[0]};
+        const int64_t mr[2] = {start(i + 1) - m0[0],
+                               two_x ? start(i + 2) - m0[1] : start(i + 1) - m0[0]};
         if (mr[0] != configured[0] || mr[1] != configured[1]) {
           load_grid_config(mr);
           configured[0] = mr[0];
