@@ -247,8 +247,11 @@ def part_prefill(rounds: int, lengths: list[int]) -> None:
         times: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(rounds):
             for name, rows in arms.items():
-                (fused_layer.enable if rows else fused_layer.disable)(model)
-                model.prompt_chunk_rows = rows or chunk
+                if rows:
+                    fused_layer.enable(model)
+                    model.prompt_chunk_rows = rows
+                else:
+                    fused_layer.disable(model)
                 cache.truncate(0)
                 t0 = time.perf_counter()
                 cache.forward(prompt)

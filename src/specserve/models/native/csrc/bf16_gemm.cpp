@@ -203,40 +203,9 @@ bool amx_on() {
   return specserve_native::switch_on("SPECSERVE_BF16_AMX") && specserve_native::amx_permitted();
 }
 
-// Tile 0: the sums of 16 weight rows (16 x mr fp32); 1: their weights (16 x 32 bf16); 2: the
-// x pairs (16 pairs x mr rows). One block of 16 rows at a time: 16 weight streams (two blocks'
-// 32 streams read more slowly at one x row, measured).
-void load_tile_config(int64_t mr) {
-  specserve_native::TileConfig c;
-  for (int t = 0; t < 3; ++t) {
-    c.rows[t] = kAmxRows;
-    c.colsb[t] = t == 1 ? 64 : static_cast<uint16_t>(mr * 4);
-  }
-  _tile_loadconfig(&c);
-}
-
-// Weight rows [n0, n0 + 16) against the x row block [m0, m0 + mr), whose pairs xi holds
-// interleaved (specserve_native::interleave_pairs: pair p of row m0 + r at p * mr + r).
-void amx_block(const Job& j, const uint32_t* xi, int64_t n0, int64_t m0, int64_t mr) {
-  const int64_t K = j.K;
-  const uint16_t* w = j.w + n0 * K;
-  _tile_zero(0);
-  for (int64_t k = 0; k < K; k += kAmxK) {
-    for (int64_t r = 0; r < kAmxRows; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k) + kPrefetchBytes, _MM_HINT_T0);
-    _tile_loadd(1, w + k, K * 2);
-    _tile_loadd(2, xi + (k / 2) * mr, mr * 4);
-    _tile_dpbf16ps(0, 1, 2);
-  }
-  alignas(64) float sums[kAmxRows][kAmxRows];
-  _tile_stored(0, sums, 64);
-  for (int64_t r = 0; r < kAmxRows; ++r)
-    for (int64_t m = 0; m < mr; ++m) store_output(j, m0 + m, n0 + r, sums[r][m]);
-}
-
-// Calls of several x row blocks (a prompt's chunk): tiles 0-3 the sums of weight block w
-// (of NW, 16 rows each) against x block b (of NX) at 2 * w + b, tiles 4-5 the weight blocks'
-// 16 x 32 inputs, tiles 6-7 the x blocks' pairs (rows mr[0], mr[1]).
+// The tiles of amx_grid: 0-3 the sums (16 x mr fp32) of weight block w (of NW, 16 rows each)
+// against x block b (of NX) at 2 * w + b, 4-5 the weight blocks' 16 x 32 inputs, 6-7 the x
+// blocks' pairs (16 pairs x mr[b] rows).
 void load_grid_config(const int64_t (&mr)[2]) {
   specserve_native::TileConfig c;
   for (int t = 0; t < 8; ++t) {
@@ -246,11 +215,12 @@ void load_grid_config(const int64_t (&mr)[2]) {
   _tile_loadconfig(&c);
 }
 
-// Weight rows [n0, n0 + 16 NW) against the x row blocks from m0[b] (mr[b] rows, pairs at x[b]):
-// each output's sums are amx_block's (tdpbf16ps over the inputs in order into a zeroed tile,
-// whatever shares the call), but a weight tile serves NX x blocks and an x tile NW weight
-// blocks, and the NW x NX chains of the grid keep the tile unit busy where amx_block's one
-// chain waits on its last product.
+// Weight rows [n0, n0 + 16 NW) against the x row blocks from m0[b] (mr[b] rows, whose pairs
+// x[b] holds interleaved, specserve_native::interleave_pairs: pair p of row r at p * mr + r).
+// Each output's sums are the same whatever shares the call: tdpbf16ps over the inputs in order
+// into a zeroed tile. With NW or NX = 2 a weight tile serves two x blocks and an x tile two
+// weight blocks, and the grid's chains keep the tile unit busy where one chain waits on its
+// last product.
 template <int NW, int NX>
 void amx_grid(const Job& j, const uint32_t* const (&x)[2], int64_t n0, const int64_t (&m0)[2],
               const int64_t (&mr)[2]) {
@@ -288,16 +258,19 @@ void run_range(const Job& j, int64_t begin, int64_t end);
 
 // Weight rows [begin, end) on the tiles, x in row blocks of up to 16 rows (xi: all blocks'
 // interleaved pairs); the last (end - begin) mod 16 rows on the AVX-512 kernel. One x block
-// (decode, verify): a block of 16 weight rows at a time, read from memory once. Several (a
-// prompt's chunk): pairs of weight blocks, each pair against every x block two at a time while
-// it sits in L2, so the weights are read from memory once per call, not once per x block.
+// (decode, verify): one block of 16 weight rows at a time, 16 weight streams (two blocks' 32
+// streams read more slowly at one x row, measured). Several (a prompt's chunk): pairs of
+// weight blocks, each pair against every x block two at a time while it sits in L2, so the
+// weights are read from memory once per call, not once per x block.
 void run_range_amx(const Job& j, const uint32_t* xi, int64_t begin, int64_t end) {
   const int64_t whole = begin + (end - begin) / kAmxRows * kAmxRows;
   const int64_t blocks = specserve_native::num_row_blocks(j.M, kAmxRows);
   const auto start = [&](int64_t i) { return specserve_native::row_block_start(j.M, kAmxRows, i); };
   if (blocks == 1) {
-    load_tile_config(j.M);
-    for (int64_t n = begin; n < whole; n += kAmxRows) amx_block(j, xi, n, 0, j.M);
+    const int64_t m0[2] = {0, 0}, mr[2] = {j.M, j.M};
+    const uint32_t* const x[2] = {xi, xi};
+    load_grid_config(mr);
+    for (int64_t n = begin; n < whole; n += kAmxRows) amx_grid<1, 1>(j, x, n, m0, mr);
   } else {
     int64_t configured[2] = {0, 0};
     for (int64_t n = begin; n < whole; n += 2 * kAmxRows) {
