@@ -29,8 +29,10 @@ alternating; medians of ``--rounds`` each, and whether both give the same logits
 the native path in chunks of ``prompt_chunk_rows`` tokens (128) (the fused layer ops; on
 AMX tiles each matmul reads its weights once per chunk), on the native path in chunks of 16
 (the earlier chunking: weights read once per 16 tokens) and on the eager path, alternating;
-medians of ``--rounds``. It also says whether the native prefill's last row equals, bit for
-bit, what feeding the prompt one token at a time gives.
+medians of ``--rounds``. Where the layers' attention runs on the AMX tiles, a fourth arm
+takes chunks of 128 with the attention on the vector units (``SPECSERVE_ATTENTION_AMX=0``).
+It also says whether the native prefill's last row equals, bit for bit, what feeding the
+prompt one token at a time gives.
 
     python benchmarks/bf16_kernel.py --part matmul
     python benchmarks/bf16_kernel.py --part thp --rounds 40
@@ -234,19 +236,28 @@ def part_prefill(rounds: int, lengths: list[int]) -> None:
     if not fused_layer.enable(model):
         raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
     chunk = model.prompt_chunk_rows
-    arms = {f"native, chunks of {chunk}": chunk, "native, chunks of 16": 16, "eager": None}
-    print(f"{fused_layer.describe(model)}; median of {rounds} rounds, the arms alternating")
+    # name: (chunk rows or None for the eager path, attention on the AMX tiles)
+    arms: dict[str, tuple[int | None, bool]] = {f"native, chunks of {chunk}": (chunk, True)}
+    tiles = torch.ops.specserve.fused_attention_tiles(model.cfg.head_dim)
+    if tiles:
+        arms[f"chunks of {chunk}, attention on the vector units"] = (chunk, False)
+    arms.update({"native, chunks of 16": (16, True), "eager": (None, True)})
+    print(f"{fused_layer.describe(model)}; attention on the AMX tiles: {'yes' if tiles else 'no'}")
+    print(f"median of {rounds} rounds, the arms alternating")
+    others = list(arms)[1:]
     print(
-        f"| prompt tokens | {' s | '.join(arms)} s | 16 / {chunk} | eager / {chunk} "
-        f"| chunks of {chunk} == one token at a time |"
+        f"| prompt tokens | {' s | '.join(arms)} s | "
+        + " | ".join(f"{name} / first" for name in others)
+        + f" | chunks of {chunk} == one token at a time |"
     )
-    print("|---|" + "---|" * (len(arms) + 3))
+    print("|---|" + "---|" * (2 * len(arms)))
     for n in lengths:
         prompt = [(13 * i + 7) % 1000 + 100 for i in range(n)]
         cache = SingleSequenceCache(model, n + 16)
         times: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(rounds):
-            for name, rows in arms.items():
+            for name, (rows, on_tiles) in arms.items():
+                os.environ["SPECSERVE_ATTENTION_AMX"] = "1" if on_tiles else "0"
                 if rows:
                     fused_layer.enable(model)
                     model.prompt_chunk_rows = rows
@@ -256,6 +267,7 @@ def part_prefill(rounds: int, lengths: list[int]) -> None:
                 t0 = time.perf_counter()
                 cache.forward(prompt)
                 times[name].append(time.perf_counter() - t0)
+        os.environ.pop("SPECSERVE_ATTENTION_AMX", None)
         fused_layer.enable(model)
         same = "not checked"  # (a long prompt one token at a time takes minutes)
         if n <= 512:
@@ -266,9 +278,10 @@ def part_prefill(rounds: int, lengths: list[int]) -> None:
                 last = cache.forward([token])
             same = "yes" if torch.equal(whole, last) else "no"
         med = {name: statistics.median(ts) for name, ts in times.items()}
-        first, sixteen, eager = med.values()
+        first = med[next(iter(arms))]
         cells = " | ".join(f"{t:.2f}" for t in med.values())
-        print(f"| {n} | {cells} | {sixteen / first:.2f} | {eager / first:.2f} | {same} |")
+        ratios = " | ".join(f"{med[name] / first:.2f}" for name in others)
+        print(f"| {n} | {cells} | {ratios} | {same} |")
 
 
 def main() -> int:

@@ -31,6 +31,12 @@ table gives the largest logit difference between the two instead:
 
     python benchmarks/decode_context.py --verify 5 --contexts 8,2000,4000 --switch bf16-scores
 
+``--switch attention-amx``: the other setting is the attention on the vector units
+(``SPECSERVE_ATTENTION_AMX=0``) against the default where the build has AMX BF16, scores and
+value sums on the tiles (``csrc/attention_tiles.h``); other bits too:
+
+    python benchmarks/decode_context.py --verify 5 --contexts 8,1000,4000 --switch attention-amx
+
 Run it alone on the machine: it measures memory traffic.
 """
 
@@ -108,17 +114,19 @@ def main() -> int:
     return 0
 
 
-# --switch: the variable that turns the default off, and whether both settings give the same bits
+# --switch: the variable that turns the default off, whether both settings give the same
+# bits, and the other setting's name in the table
 SWITCHES = {
-    "fast-attention": ("SPECSERVE_FAST_ATTENTION", True),
-    "bf16-scores": ("SPECSERVE_BF16_SCORES", False),
+    "fast-attention": ("SPECSERVE_FAST_ATTENTION", True, "earlier"),
+    "bf16-scores": ("SPECSERVE_BF16_SCORES", False, "fp32 scores"),
+    "attention-amx": ("SPECSERVE_ATTENTION_AMX", False, "vector units"),
 }
 
 
 def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> int:
     """``--verify``: each model's T-token and one-token forwards with the attention as it runs
     and with ``switch`` off, alternating, after each context."""
-    variable, same_bits = SWITCHES[switch]
+    variable, same_bits, other = SWITCHES[switch]
     if same_bits:  # both forms' scores as fp32 chains, the arithmetic they share
         os.environ["SPECSERVE_BF16_SCORES"] = "0"
     target = load_in_format(TARGET, "gguf", torch.bfloat16).model
@@ -131,6 +139,8 @@ def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> in
     dims = sorted({m.cfg.head_dim for m in (target, draft)})
     lanes = {d: torch.ops.specserve.fused_bf16_scores(d) for d in dims}
     print(f"attention scores in lanes (vdpbf16ps) now, by head dims: {lanes}")
+    tiles = {d: torch.ops.specserve.fused_attention_tiles(d) for d in dims}
+    print(f"attention on the AMX tiles now, by head dims: {tiles}")
     new = [(11 * i + 5) % 1000 + 100 for i in range(tokens)]
     cases = []
     for label, model in (("target", target), ("draft", draft)):
@@ -164,7 +174,6 @@ def verify_part(contexts: list[int], steps: int, tokens: int, switch: str) -> in
     os.environ.pop(variable, None)
     os.environ.pop("SPECSERVE_BF16_SCORES", None)
     med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
-    other = "earlier" if same_bits else "fp32 scores"
     gap_head = "" if same_bits else " max logit diff |"
     print(f"| model | context | {tokens} tokens ms | {other} ms | {other} / now | "
           f"1 token ms | {other} ms | {other} / now |{gap_head}")  # fmt: skip

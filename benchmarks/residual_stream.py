@@ -11,7 +11,9 @@ where the format has one (``bf16``), and where the Q4_K matmuls take int8 activa
 (``int4_native.int8_activations``) the same path with bf16 ones
 (``SPECSERVE_INT8_ACTIVATIONS=0``), and where the fused layers' attention scores keys in lanes
 (``csrc/key_lanes.h``, AVX-512 BF16 builds) the same path with the scores as fp32 chains
-(``SPECSERVE_BF16_SCORES=0``). For each it prints the mean log-likelihood per token
+(``SPECSERVE_BF16_SCORES=0``), and where that attention runs on the AMX tiles
+(``csrc/attention_tiles.h``) the same path on the vector units (``SPECSERVE_ATTENTION_AMX=0``).
+For each it prints the mean log-likelihood per token
 and its difference from the reference with the difference's standard error (a text of n
 tokens measures a mean shift only to about std / sqrt(n)), the mean absolute per-token
 difference, the relative error of the logits and the mean KL divergence from the reference.
@@ -206,6 +208,8 @@ def main() -> None:
         paths.append(("eager bf16 module", None))
     if int4_native.int8_activations():  # the Q4_K matmuls' bf16-activation kernel too
         paths.append(("fp32 residual, bf16 activations", True))
+    if torch.ops.specserve.fused_attention_tiles(served.model.cfg.head_dim):  # AMX tiles
+        paths.append(("fp32 residual, attention on the vector units", True))
     if torch.ops.specserve.fused_bf16_scores(served.model.cfg.head_dim):  # keys in lanes
         paths.append(("fp32 residual, fp32-chain scores", True))
     print(
@@ -220,6 +224,7 @@ def main() -> None:
             _use(served.model, fp32_stream)
         os.environ["SPECSERVE_INT8_ACTIVATIONS"] = "0" if "bf16 activations" in name else "1"
         os.environ["SPECSERVE_BF16_SCORES"] = "0" if "fp32-chain scores" in name else "1"
+        os.environ["SPECSERVE_ATTENTION_AMX"] = "0" if "vector units" in name else "1"
         desc = fused_layer.describe(served.model)
         a = compare(ref, _logits(served.model, ids), targets)
         pct, se = 100 * a.shift / abs(ref_ll), 100 * a.shift_se / abs(ref_ll)
@@ -230,6 +235,7 @@ def main() -> None:
     os.environ.pop("SPECSERVE_FP32_RESIDUAL", None)
     os.environ.pop("SPECSERVE_INT8_ACTIVATIONS", None)
     os.environ.pop("SPECSERVE_BF16_SCORES", None)
+    os.environ.pop("SPECSERVE_ATTENTION_AMX", None)
 
 
 if __name__ == "__main__":

@@ -305,6 +305,68 @@ def test_scores_in_lanes_and_as_fp32_chains_both_agree(
     assert err < tolerance, err
 
 
+# Attention on the AMX tiles (csrc/attention_tiles.h): built where the CPU has AMX BF16 too.
+_ATTENTION_TILES = _KEY_LANES and {"amx_tile", "amx_bf16"} <= build.cpu_signature()[1]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_attention_on_the_tiles_and_on_the_vector_units_both_agree(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the build runs attention on the AMX tiles (the library says so; off with
+    SPECSERVE_ATTENTION_AMX=0 and with the scores as fp32 chains), its steps after a long
+    prompt are near the vector units' (the keys in lanes), and a verify's rows equal its
+    one-token steps bit for bit either way."""
+    model = _model("qwen2", fmt)
+    _, tolerance = reference(model, "fp32")
+    ids = [(7 * i + 3) % 89 + 1 for i in range(86)]
+    new = [3, 7, 11, 2]
+
+    def steps_and_verify() -> tuple[torch.Tensor, torch.Tensor]:
+        one, chunked = SingleSequenceCache(model, 128), SingleSequenceCache(model, 128)
+        one.forward(ids)
+        chunked.forward(ids)
+        return torch.cat([one.forward([t]) for t in new]), chunked.forward(new)
+
+    assert torch.ops.specserve.fused_attention_tiles(32) == _ATTENTION_TILES
+    assert not torch.ops.specserve.fused_attention_tiles(16)
+    tiles, tiles_verify = steps_and_verify()
+    monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", "0")
+    assert not torch.ops.specserve.fused_attention_tiles(32)
+    assert torch.ops.specserve.fused_bf16_scores(32) == _KEY_LANES
+    lanes, lanes_verify = steps_and_verify()
+    assert torch.equal(tiles_verify, tiles) and torch.equal(lanes_verify, lanes)
+    err = float((tiles.float() - lanes.float()).norm() / lanes.float().norm())
+    assert err < tolerance, err
+    monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", "1")
+    monkeypatch.setenv("SPECSERVE_BF16_SCORES", "0")
+    assert not torch.ops.specserve.fused_attention_tiles(32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_long_prompt_of_wide_groups_prefills_as_its_tokens_decode(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 300-token prompt in chunks of 128 with six query heads of 96 dims per key-value
+    head: the attention's parts hold 96 or 72 query heads (whole passes of four tiles of 16
+    and leftovers of one and two), its keys cross a super-block of 256 (the tiles' value
+    layout), its scores take three tiles of 32 dims and its value sums four and two of 16 dims;
+    the prompt's rows equal one-token steps bit for bit (on the vector units where the build
+    has no tiles), and are near the vector units' rows (SPECSERVE_ATTENTION_AMX=0)."""
+    model = _model("qwen2", fmt, hidden_size=192, num_heads=6, num_kv_heads=1, head_dim=96)
+    _, tolerance = reference(model, "fp32")
+    model.prompt_chunk_rows = 128
+    prompt = [(11 * i + 5) % 83 + 1 for i in range(300)]
+    whole = SingleSequenceCache(model, 320).forward(prompt)
+    one = SingleSequenceCache(model, 320)
+    by_token = torch.cat([one.forward([t]) for t in prompt])
+    assert torch.equal(whole, by_token)
+    monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", "0")
+    lanes = SingleSequenceCache(model, 320).forward(prompt)
+    err = float((whole.float() - lanes.float()).norm() / lanes.float().norm())
+    assert err < tolerance, err
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_bad_arguments_raise_clear_errors(fmt: str) -> None:
     model = _model(fmt=fmt)

@@ -52,6 +52,7 @@ HEADERS = (
     CSRC / "quant_amx.h",
     CSRC / "int8_x.h",
     CSRC / "key_lanes.h",
+    CSRC / "attention_tiles.h",
 )
 # The library's matmul ops (all registered once it is loaded).
 GEMM_OPS = ("int4_gemm", "int8_gemm", "bf16_gemm")

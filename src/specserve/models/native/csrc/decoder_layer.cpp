@@ -56,6 +56,7 @@
 #include "bf16_gemm.h"
 #include "int4_gemv.h"
 #include "int8_gemv.h"
+#include "attention_tiles.h"
 #include "key_lanes.h"
 #include "simd.h"
 
@@ -135,6 +136,7 @@ struct AttentionProblem {
   float scale;
   bool fast;  // fast_attention()
   bool lanes;  // bf16_scores(): the keys in lanes, scores by vdpbf16ps (key_lanes.h)
+  bool tiles;  // attention_tiles(): scores and value sums on the AMX tiles (attention_tiles.h)
 };
 
 // Keys ahead whose K and V rows attend() prefetches: the cache rows of a layer come from
@@ -274,6 +276,41 @@ inline bool bf16_scores(int64_t hd) {
 #endif
 }
 
+// The scores sg [n] of one query head in place -> softmax weights (fp32), and sg [n, n8)
+// (n8: n rounded up to 8) zeros: the keys past the row's position weigh exactly 0.
+inline void softmax(float* sg, int64_t n) {
+  const int64_t n8 = (n + 7) / 8 * 8;
+  const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
+  for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
+  const __m256 top = _mm256_set1_ps(specserve_native::reduce_max(mx));
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n8; j += 8) {
+    __m256 e = specserve_native::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), top));
+    if (j + 8 == n8) e = _mm256_and_ps(e, tail);
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(sg + j, e);
+  }
+  const __m256 total = _mm256_set1_ps(specserve_native::reduce_add(sum));
+  for (int64_t j = 0; j < n8; j += 8)
+    _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
+}
+
+// Whether attention runs on the AMX tiles (attention_tiles.h: builds with AMX BF16 and AVX-512
+// BF16, the OS granting the tiles, head dims a multiple of 32; the default there) or on the
+// vector units (SPECSERVE_ATTENTION_AMX=0): different bits, each batch invariant. Read once
+// per layer call, like fast_attention().
+inline bool attention_tiles(int64_t hd) {
+#ifdef SPECSERVE_ATTENTION_TILES
+  return hd % 32 == 0 && specserve_native::switch_on("SPECSERVE_ATTENTION_AMX") &&
+         specserve_native::amx_permitted();
+#else
+  (void)hd;
+  return false;
+#endif
+}
+
 #ifdef SPECSERVE_KEY_LANES
 // attend()'s scores with the keys in lanes (key_lanes.h): blocks of 16 keys, each turned
 // once for all the query heads of the rows with keys in it (keys_of: attend()'s count of a
@@ -310,6 +347,74 @@ void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h,
 }
 #endif
 
+#ifdef SPECSERVE_ATTENTION_TILES
+// attend() on the AMX tiles (attention_tiles.h): the T rows' query heads gathered into whole
+// tiles of 16 (rows past T * group zero), every block of 16 keys turned into lanes once and
+// scored for all of them, the softmax as attend()'s, then the weights as bf16 pairs against
+// the values, the keys in super-blocks of kSuperKeys whose values are laid out once for all
+// rows. Other bits than attend()'s vector form; the same independence of the other rows.
+constexpr int64_t kSuperKeys = 256;
+
+void attend_on_tiles(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
+  using specserve_native::kTileRows;
+  const int64_t group = a.nh / a.nkv, hd = a.hd;
+  const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
+  const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
+  const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
+  const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
+  const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
+  int64_t n_max = 0;
+  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
+  const int64_t rows = T * group, rp = (rows + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t np = (n_max + kTileRows - 1) / kTileRows * kTileRows;  // whole key blocks
+  // Per worker thread, reused: query head i = r * group + g at q[i * hd], its scores (then
+  // weights) at scores[i * np], their pairs at w[i * np], its sums at acc[i * hd].
+  thread_local std::vector<uint16_t> q;
+  thread_local std::vector<float> scores, acc;
+  thread_local std::vector<uint32_t> w, vp;
+  thread_local std::vector<__m512i> kt;
+  q.assign(static_cast<size_t>(rp * hd), 0);
+  scores.resize(static_cast<size_t>(rp * np));
+  w.resize(static_cast<size_t>(rp * np));
+  acc.resize(static_cast<size_t>(rp * hd));
+  vp.resize(static_cast<size_t>(kSuperKeys * hd));
+  kt.resize(static_cast<size_t>(hd / 2));
+  for (int64_t r = 0; r < T; ++r)  // a row's query heads are adjacent in its qkv row
+    std::memcpy(&q[r * group * hd], a.qkv + (m0 + r) * row_stride + h * group * hd,
+                static_cast<size_t>(group * hd) * sizeof(uint16_t));
+  for (int64_t j = 0; j < std::min(n_max, kKeysAhead); ++j) prefetch_row<_MM_HINT_T0>(k_row(j), hd);
+  specserve_native::load_attention_config();
+  for (int64_t j0 = 0; j0 < n_max; j0 += kTileRows) {
+    const int64_t nj = std::min(kTileRows, n_max - j0);
+    for (int64_t j = j0 + kTileRows; j < std::min(n_max, j0 + 2 * kTileRows); ++j)
+      prefetch_row<_MM_HINT_T0>(k_row(j), hd);
+    specserve_native::keys_to_lanes(k_row, j0, nj, hd, kt.data());
+    specserve_native::score_tiles(q.data(), rp, kt.data(), hd, a.scale, scores.data() + j0, np);
+  }
+  for (int64_t i = 0; i < rp; ++i) {
+    const int64_t n = i < rows ? keys_of(i / group) : 0;
+    if (n > 0) softmax(&scores[i * np], n);
+    specserve_native::weight_pairs(&scores[i * np], n, np, &w[i * np]);
+  }
+  for (int64_t s0 = 0; s0 < np; s0 += kSuperKeys) {
+    const int64_t ns = std::min(kSuperKeys, np - s0);
+    for (int64_t j = s0; j < s0 + ns; ++j) {
+      if (j + kKeysAhead < n_max) prefetch_row<_MM_HINT_T0>(v_row(j + kKeysAhead), hd);
+      const int64_t b = (j - s0) / kTileRows, k = (j - s0) % kTileRows;
+      specserve_native::value_pairs(j < n_max ? v_row(j) : nullptr, hd,
+                                    &vp[b * hd * kTileRows + k * kTileRows]);
+    }
+    specserve_native::value_tiles(&w[s0], np, vp.data(), ns / kTileRows, rp, hd, acc.data(),
+                                  s0 == 0);
+  }
+  _tile_release();
+  for (int64_t i = 0; i < rows; ++i) {
+    uint16_t* o = a.out + (m0 + i / group) * a.nh * hd + (h * group + i % group) * hd;
+    for (int64_t d = 0; d < hd; d += 8) store_bf16x8(o + d, _mm256_loadu_ps(&acc[i * hd + d]));
+  }
+}
+#endif
+
 // The T query rows from m0 (of one sequence), the query heads of kv head h: softmax(q k^T *
 // scale) v over keys 0..p of each row (p its position). Each q.k is one chain of FMAs over the
 // head's dims in order, then reduce_add (score_keys: the chains of a block's kKeyBlock keys
@@ -323,6 +428,9 @@ void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h,
 // With a.lanes (bf16_scores), the scores come instead from score_in_lanes: other bits, the
 // same independence of the other rows.
 void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
+#ifdef SPECSERVE_ATTENTION_TILES
+  if (a.tiles) return attend_on_tiles(a, m0, T, h);
+#endif
   const int64_t group = a.nh / a.nkv, hd = a.hd;
   const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
@@ -382,27 +490,8 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
       }
     }
   }
-  for (int64_t r = 0; r < T; ++r) {
-    const int64_t n = keys_of(r), n8 = (n + 7) / 8 * 8;
-    const __m256 tail = specserve_native::tail_mask(n - (n8 - 8));  // valid lanes of the last 8
-    for (int64_t g = 0; g < group; ++g) {
-      float* sg = &scores[(r * group + g) * stride];
-      for (int64_t j = n; j < n8; ++j) sg[j] = -INFINITY;
-      __m256 mx = _mm256_set1_ps(-INFINITY);
-      for (int64_t j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(sg + j));
-      const __m256 top = _mm256_set1_ps(specserve_native::reduce_max(mx));
-      __m256 sum = _mm256_setzero_ps();
-      for (int64_t j = 0; j < n8; j += 8) {
-        __m256 e = specserve_native::exp_ps(_mm256_sub_ps(_mm256_loadu_ps(sg + j), top));
-        if (j + 8 == n8) e = _mm256_and_ps(e, tail);  // keys past p weigh exactly 0
-        sum = _mm256_add_ps(sum, e);
-        _mm256_storeu_ps(sg + j, e);
-      }
-      const __m256 total = _mm256_set1_ps(specserve_native::reduce_add(sum));
-      for (int64_t j = 0; j < n8; j += 8)
-        _mm256_storeu_ps(sg + j, _mm256_div_ps(_mm256_loadu_ps(sg + j), total));
-    }
-  }
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t g = 0; g < group; ++g) softmax(&scores[(r * group + g) * stride], keys_of(r));
   // acc += p_j v_j over the keys in order, each output lane one chain of FMAs; a block's
   // values converted to fp32 once for all the rows and heads, each head's sums loaded and
   // stored once per block instead of once per key.
@@ -588,8 +677,9 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
   }
   AttentionProblem a{s.qkv.data(), kc, vc, pos, ctx, s.attn.data(), M / L.B, L.S, nh, nkv, hd,
                      static_cast<float>(std::pow(static_cast<double>(hd), -0.5)),
-                     fast_attention(), false};
+                     fast_attention(), false, false};
   a.lanes = a.fast && bf16_scores(hd);
+  a.tiles = a.lanes && attention_tiles(hd);
   // A sequence's rows together, up to kAttendRows at a time (a prompt's chunk in several
   // tasks: more of them for the threads, and scores for that many rows at most in a thread's
   // scratch), or (the earlier form) each row on its own. A row's bits do not depend on which.
@@ -753,10 +843,16 @@ Tensor bf16_decoder_layer(
 // Whether the layers' attention scores keys in lanes now (bf16_scores) for heads of head_dim.
 bool fused_bf16_scores(int64_t head_dim) { return fast_attention() && bf16_scores(head_dim); }
 
+// Whether the layers' attention runs on the AMX tiles now (attention_tiles) for head_dim.
+bool fused_attention_tiles(int64_t head_dim) {
+  return fused_bf16_scores(head_dim) && attention_tiles(head_dim);
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def("fused_bf16_scores(int head_dim) -> bool");
+  m.def("fused_attention_tiles(int head_dim) -> bool");
   m.def(
       "int4_decoder_layer(Tensor x, Tensor positions, Tensor slot_mapping, Tensor context_slots, "
       "Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor input_norm, "
@@ -781,4 +877,5 @@ STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
   m.impl("fused_bf16_scores", TORCH_BOX(&fused_bf16_scores));
+  m.impl("fused_attention_tiles", TORCH_BOX(&fused_attention_tiles));
 }
