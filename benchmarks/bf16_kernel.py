@@ -31,6 +31,8 @@ AMX tiles each matmul reads its weights once per chunk), on the native path in c
 (the earlier chunking: weights read once per 16 tokens) and on the eager path, alternating;
 medians of ``--rounds``. Where the layers' attention runs on the AMX tiles, a fourth arm
 takes chunks of 128 with the attention on the vector units (``SPECSERVE_ATTENTION_AMX=0``).
+``--weights gguf``: the GGUF file's K-quants as serve runs them by default (chunks of 16), with
+and without the tiles' attention (no eager arm: those layers dequantise on every call).
 It also says whether the native prefill's last row equals, bit for bit, what feeding the
 prompt one token at a time gives.
 
@@ -227,12 +229,16 @@ def part_thp(rounds: int) -> None:
     print(f"4 KiB / huge pages: {ratio:.2f}x ({rounds} rounds); same logits: {same}")
 
 
-def part_prefill(rounds: int, lengths: list[int]) -> None:
+def part_prefill(rounds: int, lengths: list[int], weights: str) -> None:
     from specserve.kv_cache.single_sequence import SingleSequenceCache
     from specserve.loading import load_model
+    from specserve.loading.quant_cache import load_in_format
     from specserve.models.native import fused_layer
 
-    model = load_model("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16).model
+    if weights == "bf16":
+        model = load_model("qwen2.5-coder-1.5b-instruct", dtype=torch.bfloat16).model
+    else:  # the file's own K-quants, as serve runs them by default
+        model = load_in_format("qwen2.5-coder-1.5b-instruct", "gguf", torch.bfloat16).model
     if not fused_layer.enable(model):
         raise SystemExit(f"the native path is off here: {fused_layer.why_not(model)}")
     chunk = model.prompt_chunk_rows
@@ -241,7 +247,10 @@ def part_prefill(rounds: int, lengths: list[int]) -> None:
     tiles = torch.ops.specserve.fused_attention_tiles(model.cfg.head_dim)
     if tiles:
         arms[f"chunks of {chunk}, attention on the vector units"] = (chunk, False)
-    arms.update({"native, chunks of 16": (16, True), "eager": (None, True)})
+    if chunk != 16:
+        arms["native, chunks of 16"] = (16, True)
+    if weights == "bf16":  # (a quantised model's eager layers dequantise: not a peer)
+        arms["eager"] = (None, True)
     print(f"{fused_layer.describe(model)}; attention on the AMX tiles: {'yes' if tiles else 'no'}")
     print(f"median of {rounds} rounds, the arms alternating")
     others = list(arms)[1:]
@@ -293,13 +302,19 @@ def main() -> int:
     p.add_argument(
         "--prompt-tokens", default="64,512,3000", help="--part prefill: prompt lengths, tokens"
     )
+    p.add_argument(
+        "--weights",
+        choices=["bf16", "gguf"],
+        default="bf16",
+        help="--part prefill: the 1.5B's bf16 weights, or its GGUF file's K-quants as stored",
+    )
     args = p.parse_args()
     if not bf16_native.available():
         raise SystemExit(f"native bf16 kernel unavailable: {bf16_native.unavailable_reason()}")
     if args.part == "matmul":
         part_matmul()
     elif args.part == "prefill":
-        part_prefill(args.rounds, [int(n) for n in args.prompt_tokens.split(",")])
+        part_prefill(args.rounds, [int(n) for n in args.prompt_tokens.split(",")], args.weights)
     elif args.part == "thp":
         part_thp(args.rounds)
     else:
