@@ -11,7 +11,7 @@ import torch
 from specserve.kv_cache.single_sequence import SingleSequenceCache
 from specserve.models.decoder import SHORT_FORWARD_ROWS, AttentionMetadata, DecoderLM
 from specserve.models.native import bf16_native, build, fused_layer, int4_native
-from specserve.models.native.tile_stream import EXACT_X, VECTOR_ATTENTION
+from specserve.models.native.tile_stream import EXACT_X
 from specserve.models.quant.quantize import quantize_model
 from tests.conftest import make_tiny_model
 from tests.fused_reference import reference
@@ -365,48 +365,6 @@ def test_a_long_prompt_of_wide_groups_prefills_as_its_tokens_decode(
     lanes = SingleSequenceCache(model, 320).forward(prompt)
     err = float((whole.float() - lanes.float()).norm() / lanes.float().norm())
     assert err < tolerance, err
-
-
-@pytest.mark.skipif(not _ATTENTION_TILES, reason="no attention on the AMX tiles here")
-@native
-def test_a_drafts_one_token_steps_keep_the_attention_on_the_vector_units(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The int4 op's VECTOR_ATTENTION bit keeps its attention on the vector units: a target's
-    step after a 300-token context (read on the vector units) differs with the tiles' switch
-    on and off, and with the bit set equals the switch off bit for bit. A draft model
-    (set_draft: tiles from 4 rows) sets the bit in its one-row calls, not in its calls of 4
-    rows, so its one-token steps use no tile at all."""
-    model = _model("qwen2", "int4", hidden_size=192, num_heads=6, num_kv_heads=1, head_dim=96)
-    prompt = [(11 * i + 5) % 83 + 1 for i in range(300)]
-    layer_op = torch.ops.specserve.int4_decoder_layer
-    modes: list[tuple[int, int]] = []  # (rows, tiles argument) of each layer call
-    extra = 0  # bits the spy adds to the tiles argument
-
-    def spy(rows: torch.Tensor, *args: object) -> torch.Tensor:
-        modes.append((rows.shape[0], int(args[-1])))  # type: ignore[call-overload]
-        return layer_op(rows, *args[:-1], int(args[-1]) | extra)  # type: ignore[call-overload]
-
-    monkeypatch.setattr(torch.ops.specserve, "int4_decoder_layer", spy)
-
-    def step(switch: str, ids: list[int]) -> torch.Tensor:
-        cache = SingleSequenceCache(model, 320)
-        monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", "0")
-        cache.forward(prompt)
-        monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", switch)
-        modes.clear()
-        return cache.forward(ids)
-
-    vector = step("0", [7])
-    assert not torch.equal(step("1", [7]), vector)
-    extra = VECTOR_ATTENTION
-    assert torch.equal(step("1", [7]), vector)
-    extra = 0
-    fused_layer.set_draft(model)
-    step("1", [7])
-    assert modes and all(mode & VECTOR_ATTENTION for _, mode in modes)
-    step("1", [7, 8, 9, 10])
-    assert modes and not any(mode & VECTOR_ATTENTION for _, mode in modes)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -125,12 +125,6 @@ QUANTISED_X = 4
 # (``exact_x``), whose numbers the gguf format keeps (int8 x cost SmolLM2's Q4_1 file 0.1 %
 # more log-likelihood, docs/benchmarks.md); the K-quants and the int4 format take int8 x.
 EXACT_X = 8
-# ... plus, for the fused layer op, whether its attention keeps the vector units where the AMX
-# tiles would take it (csrc/attention_tiles.h): a draft model's forwards below its
-# ``tiles_from_rows``, whose one-token steps then use no tile at all (a step that did cost the
-# 0.5B draft about 3 % at short contexts, docs/benchmarks.md); proposals need no batch
-# invariance. The matmul ops ignore it.
-VECTOR_ATTENTION = 16
 # the bits of the AMX tiles' choice in a mode
 TILES_MASK = 3
 
@@ -178,9 +172,7 @@ class PackedTiles:
     def tile_mode(self, rows: int) -> int:
         """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
         x_bits = (QUANTISED_X if self.quantised_x else 0) | (EXACT_X if self.exact_x else 0)
-        if rows < self.tiles_from_rows:
-            return TILES_NEVER | x_bits | VECTOR_ATTENTION
-        if not self.tiles:
+        if not self.tiles or rows < self.tiles_from_rows:
             return TILES_NEVER | x_bits
         return (TILES_SWITCHED if self.tiles_from_rows == 1 else TILES_PERMITTED) | x_bits
 

@@ -58,7 +58,6 @@
 #include "int8_gemv.h"
 #include "attention_tiles.h"
 #include "key_lanes.h"
-#include "quant_amx.h"
 #include "simd.h"
 
 namespace {
@@ -575,7 +574,6 @@ struct Layer {
   // Derived by check():
   int64_t M = 0, H = 0, B = 0, S = 0, hd = 0, slots = 0, n_qkv = 0;
   bool has_qk_norm = false;
-  bool vector_attention = false;  // set by the int4 op (kVectorAttention)
 
   void check() {
     STD_TORCH_CHECK(specserve_native::avx2_supported(), op, ": this CPU lacks AVX2 / FMA / F16C");
@@ -681,7 +679,7 @@ Tensor run_layer(Layer& L, const Proj& proj, int64_t I) {
                      static_cast<float>(std::pow(static_cast<double>(hd), -0.5)),
                      fast_attention(), false, false};
   a.lanes = a.fast && bf16_scores(hd);
-  a.tiles = a.lanes && !L.vector_attention && attention_tiles(hd);
+  a.tiles = a.lanes && attention_tiles(hd);
   // A sequence's rows together, up to kAttendRows at a time (a prompt's chunk in several
   // tasks: more of them for the threads, and scores for that many rows at most in a thread's
   // scratch), or (the earlier form) each row on its own. A row's bits do not depend on which.
@@ -761,7 +759,6 @@ Tensor int4_decoder_layer(
   PackedWeight gu = specserve_native::quant_packed_weight(
       gate_up_qweight, gate_up_scales, gate_up_row_scale, 2 * I, gate_up_group, "gate_up_proj");
   for (PackedWeight* w : {&qkv, &o, &gu, &down}) w->tiles = tiles;  // quant_amx.h
-  L.vector_attention = (tiles & specserve_native::kVectorAttention) != 0;
   for (const PackedWeight* w : {&qkv, &o, &gu, &down}) {
     if (w->bits == 4) {
       STD_TORCH_CHECK(specserve_native::cpu_supported(), op,

@@ -18,10 +18,6 @@ constexpr int64_t kQuantisedX = 4;
 // ... and whether per-group int4 constants keep bf16 activations where they would take int8
 // ones (a GGUF file's Q4_0 / Q4_1 blocks: tile_stream.EXACT_X)
 constexpr int64_t kExactX = 8;
-// ... and, for int4_decoder_layer, whether its attention keeps the vector units where the
-// tiles would take it (a draft model's forwards below its tiles_from_rows: tile_stream.
-// VECTOR_ATTENTION; the matmuls ignore it).
-constexpr int64_t kVectorAttention = 16;
 
 // Whether the build has the tile kernels and the OS grants the tile state (the switch aside).
 bool quant_amx_permitted();
