@@ -272,6 +272,16 @@ def test_attention_in_its_earlier_form_gives_the_same_bits(
 _KEY_LANES = {"avx512f", "avx512_bf16"} <= build.cpu_signature()[1]
 
 
+def _steps_and_verify(
+    model: DecoderLM, ids: list[int], new: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """After the prompt ``ids``, the rows of ``new`` as one-token steps and as one verify."""
+    one, chunked = SingleSequenceCache(model, 128), SingleSequenceCache(model, 128)
+    one.forward(ids)
+    chunked.forward(ids)
+    return torch.cat([one.forward([t]) for t in new]), chunked.forward(new)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("context", [45, 86])
 def test_scores_in_lanes_and_as_fp32_chains_both_agree(
@@ -288,18 +298,12 @@ def test_scores_in_lanes_and_as_fp32_chains_both_agree(
     ids = [(7 * i + 3) % 89 + 1 for i in range(context)]
     new = [3, 7, 11, 2]
 
-    def steps_and_verify() -> tuple[torch.Tensor, torch.Tensor]:
-        one, chunked = SingleSequenceCache(model, 128), SingleSequenceCache(model, 128)
-        one.forward(ids)
-        chunked.forward(ids)
-        return torch.cat([one.forward([t]) for t in new]), chunked.forward(new)
-
     assert torch.ops.specserve.fused_bf16_scores(32) == _KEY_LANES  # head_dim 32 (SHAPE)
     assert not torch.ops.specserve.fused_bf16_scores(16)  # not a multiple of 32
-    lanes, lanes_verify = steps_and_verify()
+    lanes, lanes_verify = _steps_and_verify(model, ids, new)
     monkeypatch.setenv("SPECSERVE_BF16_SCORES", "0")
     assert not torch.ops.specserve.fused_bf16_scores(32)
-    chains, chains_verify = steps_and_verify()
+    chains, chains_verify = _steps_and_verify(model, ids, new)
     assert torch.equal(lanes_verify, lanes) and torch.equal(chains_verify, chains)
     err = float((lanes.float() - chains.float()).norm() / chains.float().norm())
     assert err < tolerance, err
@@ -322,19 +326,13 @@ def test_attention_on_the_tiles_and_on_the_vector_units_both_agree(
     ids = [(7 * i + 3) % 89 + 1 for i in range(86)]
     new = [3, 7, 11, 2]
 
-    def steps_and_verify() -> tuple[torch.Tensor, torch.Tensor]:
-        one, chunked = SingleSequenceCache(model, 128), SingleSequenceCache(model, 128)
-        one.forward(ids)
-        chunked.forward(ids)
-        return torch.cat([one.forward([t]) for t in new]), chunked.forward(new)
-
     assert torch.ops.specserve.fused_attention_tiles(32) == _ATTENTION_TILES
     assert not torch.ops.specserve.fused_attention_tiles(16)
-    tiles, tiles_verify = steps_and_verify()
+    tiles, tiles_verify = _steps_and_verify(model, ids, new)
     monkeypatch.setenv("SPECSERVE_ATTENTION_AMX", "0")
     assert not torch.ops.specserve.fused_attention_tiles(32)
     assert torch.ops.specserve.fused_bf16_scores(32) == _KEY_LANES
-    lanes, lanes_verify = steps_and_verify()
+    lanes, lanes_verify = _steps_and_verify(model, ids, new)
     assert torch.equal(tiles_verify, tiles) and torch.equal(lanes_verify, lanes)
     err = float((tiles.float() - lanes.float()).norm() / lanes.float().norm())
     assert err < tolerance, err

@@ -347,6 +347,34 @@ void score_in_lanes(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h,
 }
 #endif
 
+// Row j's cache row (hd bf16 values) for kv head h of the sequence whose context slots are ctx.
+struct CacheRows {
+  const uint16_t* cache;
+  const int64_t* ctx;
+  int64_t nkv, h, hd;
+  const uint16_t* operator()(int64_t j) const { return cache + (ctx[j] * nkv + h) * hd; }
+};
+
+// How many keys query row r of a part attends to: keys 0 .. its position.
+struct KeyCounts {
+  const int64_t* positions;  // from the part's first row
+  int64_t operator()(int64_t r) const { return positions[r] + 1; }
+};
+
+// The T query rows from m0 (of one sequence) and kv head h of an attention problem: their
+// keys' and values' cache rows, each row's key count and the most of them.
+struct Part {
+  CacheRows keys, values;
+  KeyCounts keys_of;
+  int64_t n_max = 0;
+  Part(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h)
+      : keys{a.k_cache, a.context_slots + (m0 / a.T) * a.S, a.nkv, h, a.hd},
+        values{a.v_cache, keys.ctx, a.nkv, h, a.hd},
+        keys_of{a.positions + m0} {
+    for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
+  }
+};
+
 #ifdef SPECSERVE_ATTENTION_TILES
 // attend() on the AMX tiles (attention_tiles.h): the T rows' query heads gathered into whole
 // tiles of 16 (rows past T * group zero), every block of 16 keys turned into lanes once and
@@ -358,13 +386,11 @@ constexpr int64_t kSuperKeys = 256;
 void attend_on_tiles(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   using specserve_native::kTileRows;
   const int64_t group = a.nh / a.nkv, hd = a.hd;
-  const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
-  const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
-  const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
-  const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
-  int64_t n_max = 0;
-  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
+  const Part part(a, m0, T, h);
+  const CacheRows &k_row = part.keys, &v_row = part.values;
+  const KeyCounts& keys_of = part.keys_of;
+  const int64_t n_max = part.n_max;
   const int64_t rows = T * group, rp = (rows + kTileRows - 1) / kTileRows * kTileRows;
   const int64_t np = (n_max + kTileRows - 1) / kTileRows * kTileRows;  // whole key blocks
   // Per worker thread, reused: query head i = r * group + g at q[i * hd], its scores (then
@@ -432,13 +458,11 @@ void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
   if (a.tiles) return attend_on_tiles(a, m0, T, h);
 #endif
   const int64_t group = a.nh / a.nkv, hd = a.hd;
-  const int64_t* ctx = a.context_slots + (m0 / a.T) * a.S;
   const int64_t row_stride = (a.nh + 2 * a.nkv) * hd;
-  const auto k_row = [&](int64_t j) { return a.k_cache + (ctx[j] * a.nkv + h) * hd; };
-  const auto v_row = [&](int64_t j) { return a.v_cache + (ctx[j] * a.nkv + h) * hd; };
-  const auto keys_of = [&](int64_t r) { return a.positions[m0 + r] + 1; };
-  int64_t n_max = 0;
-  for (int64_t r = 0; r < T; ++r) n_max = std::max(n_max, keys_of(r));
+  const Part part(a, m0, T, h);
+  const CacheRows &k_row = part.keys, &v_row = part.values;
+  const KeyCounts& keys_of = part.keys_of;
+  const int64_t n_max = part.n_max;
   const int64_t stride = (n_max + 15) / 16 * 16;  // a row's scores: whole blocks of 16 keys
   // K rows into L1 for the q.k loop, V rows into L2 for the value loop (which pulls them
   // into L1 kKeysAhead keys ahead of itself), keys [from, min(to, n_max)).
