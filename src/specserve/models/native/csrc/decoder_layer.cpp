@@ -33,7 +33,9 @@
 //
 // The elementwise code is AVX2 + FMA (simd.h), the same on every CPU the library builds for;
 // the attention's value sums take 16-lane registers on AVX-512 builds (the same bits), and its
-// scores the keys in lanes on AVX-512 BF16 ones (key_lanes.h: other bits, SPECSERVE_BF16_SCORES).
+// scores the keys in lanes on AVX-512 BF16 ones (key_lanes.h: other bits, SPECSERVE_BF16_SCORES);
+// with AMX BF16 too, scores and value sums run on the tiles (attention_tiles.h: other bits again,
+// SPECSERVE_ATTENTION_AMX).
 //
 // Shapes: M = B * T query rows (B sequences of T tokens, padded rows included), H hidden,
 // nh / nkv query / key-value heads of hd dims, I the MLP width.
@@ -452,7 +454,7 @@ void attend_on_tiles(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h
 // whatever the other rows are. With a.fast off (fast_attention), the earlier form: T = 1 per
 // call, blocks of 4 keys, the value registers one after the other; the same bits, slower.
 // With a.lanes (bf16_scores), the scores come instead from score_in_lanes: other bits, the
-// same independence of the other rows.
+// same independence of the other rows; with a.tiles, all of it from attend_on_tiles.
 void attend(const AttentionProblem& a, int64_t m0, int64_t T, int64_t h) {
 #ifdef SPECSERVE_ATTENTION_TILES
   if (a.tiles) return attend_on_tiles(a, m0, T, h);
