@@ -342,6 +342,30 @@ def test_attention_on_the_tiles_and_on_the_vector_units_both_agree(
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_one_switch_takes_every_kernel_off_the_tiles(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPECSERVE_AMX=0 runs as a CPU without AMX would: the library reports the bf16 matmul,
+    the attention and the quantised tiles (switched on or a draft's) off, and the model's
+    steps and verify equal, bit for bit, those with each kernel's own switch off."""
+    model = _model("qwen2", fmt)
+    ids = [(5 * i + 2) % 89 + 1 for i in range(40)]
+    new = [9, 4, 13, 6]
+    monkeypatch.setenv("SPECSERVE_QUANT_AMX", "1")
+    monkeypatch.setenv("SPECSERVE_AMX", "0")
+    assert not torch.ops.specserve.fused_attention_tiles(32)
+    assert not int4_native.amx_tiles() and not int4_native.amx_tiles(switched=False)
+    assert bf16_native.kernel() != "AMX tiles"
+    off, off_verify = _steps_and_verify(model, ids, new)
+    monkeypatch.delenv("SPECSERVE_AMX")
+    monkeypatch.delenv("SPECSERVE_QUANT_AMX")
+    for name in ("SPECSERVE_BF16_AMX", "SPECSERVE_ATTENTION_AMX"):
+        monkeypatch.setenv(name, "0")
+    each, each_verify = _steps_and_verify(model, ids, new)
+    assert torch.equal(off, each) and torch.equal(off_verify, each_verify)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_long_prompt_of_wide_groups_prefills_as_its_tokens_decode(
     fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -108,8 +108,8 @@ _VARIANTS = ("AVX2", "AVX-512 BF16", "AMX tiles")
 
 def kernel() -> str | None:
     """The kernel bf16 matmuls run on now, as the library says: ``"AMX tiles"`` (where the
-    build has AMX, the OS grants the tile state and ``SPECSERVE_BF16_AMX`` is not ``0``; read
-    on every call, like the kernel reads the switch), ``"AVX-512 BF16"`` or ``"AVX2"``; None
+    build has AMX, the OS grants the tile state and neither ``SPECSERVE_AMX`` nor
+    ``SPECSERVE_BF16_AMX`` is ``0``; read on every call, like the kernel reads the switches), ``"AVX-512 BF16"`` or ``"AVX2"``; None
     where :func:`available` is False. Weights whose K is not a multiple of 32 stay on the
     AVX-512 kernel under AMX."""
     if not available():

@@ -376,9 +376,9 @@ def int8_activation_kind(model: torch.nn.Module) -> str | None:
 def amx_tiles(switched: bool = True) -> bool:
     """Whether int4 matmuls (group sizes a multiple of 32) and six-bit int8-group matmuls run
     on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS
-    grants the tile state and ``SPECSERVE_QUANT_AMX`` is ``1`` (off by default; read on every
-    call, as the kernels read it); with ``switched=False``, whether they are there at all, the
-    switch aside: a draft model's weights take them in calls of ``tiles_from_rows`` rows or
+    grants the tile state, ``SPECSERVE_AMX`` is not ``0`` and ``SPECSERVE_QUANT_AMX`` is ``1``
+    (off by default; both read on every call, as the kernels read them); with
+    ``switched=False``, whether they are there at all, ``SPECSERVE_QUANT_AMX`` aside: a draft model's weights take them in calls of ``tiles_from_rows`` rows or
     more wherever they are (``fused_layer.allow_tiles``). Weights whose ``tiles`` is False
     stay on the ``vdpbf16ps`` kernels. A one-row matmul is slower on the tiles, one of several
     rows faster: they serve the target of speculative decoding. The tiles sum each group's

@@ -10,8 +10,9 @@
 
 namespace specserve_native {
 
-// Whether Linux granted this process the AMX tile state (arch_prctl, asked once); false in a
-// build without AMX.
+// Whether Linux granted this process the AMX tile state (arch_prctl, asked once) and
+// SPECSERVE_AMX is not "0" (read on every call: the switch takes every kernel off the tiles,
+// as on a CPU without AMX); false in a build without AMX.
 bool amx_permitted();
 
 // Whether the environment switch `name` leaves a kernel on: anything but "0". Read on every

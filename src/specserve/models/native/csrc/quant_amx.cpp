@@ -68,11 +68,11 @@ bool switch_set(const char* name) {
 
 bool amx_permitted() {
 #ifdef SPECSERVE_HAVE_AMX
-  static const bool ok = [] {
+  static const bool granted = [] {
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
-  return ok;
+  return granted && switch_on("SPECSERVE_AMX");
 #else
   return false;
 #endif

@@ -19,7 +19,8 @@ constexpr int64_t kQuantisedX = 4;
 // ones (a GGUF file's Q4_0 / Q4_1 blocks: tile_stream.EXACT_X)
 constexpr int64_t kExactX = 8;
 
-// Whether the build has the tile kernels and the OS grants the tile state (the switch aside).
+// Whether the build has the tile kernels and the process may use the tiles (amx_permitted();
+// SPECSERVE_QUANT_AMX aside).
 bool quant_amx_permitted();
 
 // Whether the build has the tile kernels (AMX BF16 and AVX-512 BW, BF16, VBMI, GFNI), the OS
