@@ -60,6 +60,7 @@ SHAPES = [(1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536), (1536, 151936
 ROWS = (1, 5, 16)
 AMX_SWITCH = "SPECSERVE_BF16_AMX"
 SWEEP_SWITCH = "SPECSERVE_SWEEP_PREFETCH"
+FMA_SWITCH = "SPECSERVE_BF16_FMA"
 
 
 def _amx_here() -> bool:
@@ -77,6 +78,28 @@ def _sweep_here() -> bool:
 
 def _set_sweep(on: bool) -> None:
     os.environ[SWEEP_SWITCH] = "1" if on else "0"
+
+
+def _fma_pairs_apart_from_tiles() -> bool:
+    """The AVX-512 BF16 kernel (the tiles switched off where they run) takes its multi-row
+    sums as FMA pairs by default here."""
+    amx = os.environ.get(AMX_SWITCH)
+    _set_amx(False)
+    try:
+        return bf16_native.available() and bf16_native.fma_pairs()
+    finally:
+        if amx is None:
+            os.environ.pop(AMX_SWITCH)
+        else:
+            os.environ[AMX_SWITCH] = amx
+
+
+def _set_fma(on: bool | None) -> None:
+    """FMA pairs forced on or off, or (None) the library's own choice."""
+    if on is None:
+        os.environ.pop(FMA_SWITCH, None)
+    else:
+        os.environ[FMA_SWITCH] = "1" if on else "0"
 
 
 def _best_of(fn: Callable[[], object], repeats: int, calls: int) -> float:
@@ -106,10 +129,15 @@ def part_matmul() -> None:
     # its sweep prefetch.
     other = "AMX off" if amx else "sweep off" if sweep else ""
     extra = f" {other} ms | {other} GB/s | {other} / native |" if other else ""
+    # Where the AVX-512 kernel takes its multi-row sums as FMA pairs: that kernel with
+    # vdpbf16ps sums too (the same bits).
+    pairs = _fma_pairs_apart_from_tiles()
+    dp = "AMX off, vdpbf16ps" if amx else "vdpbf16ps"
+    extra += f" {dp} ms | {dp} / native |" if pairs else ""
     print(
         "| K x N | M | native ms | native GB/s | torch ms | torch GB/s | torch / native |" + extra
     )
-    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if other else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|---|" if other else "") + "---|---|" * pairs)
     for k, n in SHAPES:
         nbytes = k * n * 2
         copies = max(1, (128 << 20) // nbytes)
@@ -127,6 +155,13 @@ def part_matmul() -> None:
                 c = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
                 (_set_amx if amx else _set_sweep)(True)
                 row += f" {c * 1e3:.2f} | {nbytes / c / 1e9:.1f} | {c / a:.2f} |"
+            if pairs:
+                _set_amx(False)
+                _set_fma(False)
+                d = _best_of(_rotating(bf16_native.matmul, x, weights), 3, copies)
+                _set_fma(None)
+                _set_amx(True)
+                row += f" {d * 1e3:.2f} | {d / a:.2f} |"
             print(row)
 
 
@@ -143,22 +178,31 @@ def part_step(rounds: int) -> None:
     cache = SingleSequenceCache(model, 256)
     cache.forward(context)  # prefill: eager on both paths
 
-    # (name, native path, AMX tiles on, sweep prefetch on)
-    paths = [("native (bf16_decoder_layer)", True, True, True)]
+    # (name, native path, AMX tiles on, sweep prefetch on, FMA pairs: None = the library's
+    # choice)
+    pairs = _fma_pairs_apart_from_tiles()
+    paths: list[tuple[str, bool, bool, bool, bool | None]]
+    paths = [("native (bf16_decoder_layer)", True, True, True, None)]
     if _amx_here():
-        paths[0] = ("native, AMX tiles", True, True, True)
-        paths.append(("native, AMX off (AVX-512 BF16)", True, False, True))
+        paths[0] = ("native, AMX tiles", True, True, True, None)
+        off = "native, AMX off (AVX-512 BF16" + (", FMA pairs)" if pairs else ")")
+        paths.append((off, True, False, True, None))
+        if pairs:
+            paths.append(("native, AMX off, vdpbf16ps sums", True, False, True, False))
+    elif pairs:
+        paths.append(("native, vdpbf16ps sums", True, True, True, False))
     elif _sweep_here():
-        paths.append(("native, sweep prefetch off", True, True, False))
-    paths.append(("eager (torch linears)", False, True, True))
+        paths.append(("native, sweep prefetch off", True, True, False, None))
+    paths.append(("eager (torch linears)", False, True, True, None))
 
-    def use(native: bool, amx: bool, sweep: bool) -> None:
+    def use(native: bool, amx: bool, sweep: bool, fma: bool | None) -> None:
         (fused_layer.enable if native else fused_layer.disable)(model)
         _set_amx(amx)
         _set_sweep(sweep)
+        _set_fma(fma)
 
-    def step(native: bool, amx: bool, sweep: bool, tokens: list[int]) -> float:
-        use(native, amx, sweep)
+    def step(native: bool, amx: bool, sweep: bool, fma: bool | None, tokens: list[int]) -> float:
+        use(native, amx, sweep, fma)
         cache.truncate(len(context))
         t0 = time.perf_counter()
         model.compute_logits(cache.forward(tokens))
@@ -167,15 +211,15 @@ def part_step(rounds: int) -> None:
     widths = range(1, len(new) + 1)
     times: dict[tuple[str, int], list[float]] = {(p[0], t): [] for p in paths for t in widths}
     for _ in range(rounds):
-        for name, native, amx, sweep in paths:
+        for name, native, amx, sweep, fma in paths:
             for t in widths:
-                times[(name, t)].append(step(native, amx, sweep, new[:t]))
+                times[(name, t)].append(step(native, amx, sweep, fma, new[:t]))
     head = " | ".join(f"T = {t} ms" for t in widths)
     print(f"| path | {head} | T = 8 rows == eight T = 1 steps |")
     print("|---|" + "---|" * (len(new) + 1))
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}
-    for name, native, amx, sweep in paths:
-        use(native, amx, sweep)
+    for name, native, amx, sweep, fma in paths:
+        use(native, amx, sweep, fma)
         cache.truncate(len(context))
         together = model.compute_logits(cache.forward(new))
         cache.truncate(len(context))
@@ -185,6 +229,7 @@ def part_step(rounds: int) -> None:
         print(f"| {name} | {cells} | {'yes' if same else 'no'} |")
     _set_amx(True)
     _set_sweep(True)
+    _set_fma(None)
     first = paths[0][0]
     for name, *_ in paths[1:]:
         ratios = ", ".join(f"T = {t} {med[(name, t)] / med[(first, t)]:.2f}x" for t in widths)

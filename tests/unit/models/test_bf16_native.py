@@ -88,6 +88,34 @@ def test_the_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @native
+def test_fma_pairs_give_the_vdpbf16ps_sums_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the AVX-512 BF16 kernel, sums of several x rows taken as pairs of fp32 FMAs
+    (``SPECSERVE_BF16_FMA=1``) equal the ``vdpbf16ps`` sums (``=0``) bit for bit, in fp32
+    before any rounding to bf16, for every blocking of x rows (2-8 in one block, 9-17 in
+    blocks of up to 5), a K ending in a half chunk (48, 1552), weights and inputs with
+    denormal values and products that underflow (both read as 0 and flushed, as ``vdpbf16ps``
+    does), and N leaving rows beside the blocks of 4; the library reports the switch."""
+    monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")
+    if bf16_native.kernel() != "AVX-512 BF16":
+        pytest.skip("the FMA pairs are an AVX-512 BF16 kernel's form")
+    gen = torch.Generator().manual_seed(7)
+    for n, k in ((37, 48), (16 * 5 + 3, 1552), (21, 8960)):
+        w, b, x = _data(n, k, 17, seed=4)
+        scale = torch.where(torch.rand(n, k, generator=gen) < 0.1, 2.0**-126, 1.0)
+        w = (w.float() * scale).to(torch.bfloat16)  # some denormal, some tiny weights
+        x = x.float() * torch.where(torch.rand(17, k, generator=gen) < 0.1, 2.0**-20, 1.0)
+        x = x.to(torch.bfloat16).float()  # fp32 x of bf16 values: fp32 sums out
+        for m in range(2, 18):
+            monkeypatch.setenv("SPECSERVE_BF16_FMA", "1")
+            assert bf16_native.fma_pairs()
+            pairs = torch.ops.specserve.bf16_gemm(x[:m], w, b)
+            monkeypatch.setenv("SPECSERVE_BF16_FMA", "0")
+            assert not bf16_native.fma_pairs()
+            dp = torch.ops.specserve.bf16_gemm(x[:m], w, b)
+            assert pairs.dtype == torch.float32 and torch.equal(pairs, dp), (n, k, m)
+
+
+@native
 def test_leading_dimensions_and_no_bias() -> None:
     w, _, x = _data(48, 32, 6, seed=2)
     y = bf16_native.matmul(x.view(2, 3, 32), w)

@@ -490,8 +490,16 @@ _INT4_X8 = ", int4 groups on int8 x" if int4_native.int8_activations() else ""
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_describe_names_the_path(fmt: str) -> None:
+def test_describe_names_the_path(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(fmt=fmt)
+    kernel = f" on {bf16_native.describe_kernel()}" if fmt == "bf16" else _INT4_X8
+    assert fused_layer.describe(model) == f"native {fmt}_decoder_layer{kernel}"
+    monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")
+    monkeypatch.setenv("SPECSERVE_BF16_FMA", "1")
+    if fmt == "bf16" and bf16_native.kernel() == "AVX-512 BF16":
+        pairs = "on AVX-512 BF16 (sums of several rows as FMA pairs)"
+        assert fused_layer.describe(model) == f"native bf16_decoder_layer {pairs}"
+    monkeypatch.setenv("SPECSERVE_BF16_FMA", "0")
     kernel = f" on {bf16_native.kernel()}" if fmt == "bf16" else _INT4_X8
     assert fused_layer.describe(model) == f"native {fmt}_decoder_layer{kernel}"
     fused_layer.disable(model)
@@ -535,7 +543,8 @@ def test_quantising_a_bf16_model_replans_the_path() -> None:
     """The loader enables the bf16 path on a bf16 model; quantising it to int4 afterwards
     switches to the int4 op and drops the native bf16 LM head (int4 quantises the head)."""
     model = _model(fmt="bf16")
-    assert fused_layer.describe(model) == f"native bf16_decoder_layer on {bf16_native.kernel()}"
+    kernel = bf16_native.describe_kernel()
+    assert fused_layer.describe(model) == f"native bf16_decoder_layer on {kernel}"
     quantize_model(model, "int4", 32)
     assert fused_layer.describe(model) == f"native int4_decoder_layer{_INT4_X8}"
     assert model.logits_runner is None

@@ -109,9 +109,25 @@ _VARIANTS = ("AVX2", "AVX-512 BF16", "AMX tiles")
 def kernel() -> str | None:
     """The kernel bf16 matmuls run on now, as the library says: ``"AMX tiles"`` (where the
     build has AMX, the OS grants the tile state and neither ``SPECSERVE_AMX`` nor
-    ``SPECSERVE_BF16_AMX`` is ``0``; read on every call, like the kernel reads the switches), ``"AVX-512 BF16"`` or ``"AVX2"``; None
-    where :func:`available` is False. Weights whose K is not a multiple of 32 stay on the
-    AVX-512 kernel under AMX."""
+    ``SPECSERVE_BF16_AMX`` is ``0``; read on every call, like the kernel reads the
+    switches), ``"AVX-512 BF16"`` or ``"AVX2"``; None where :func:`available` is False.
+    Weights whose K is not a multiple of 32 stay on the AVX-512 kernel under AMX."""
     if not available():
         return None
     return _VARIANTS[int(torch.ops.specserve.bf16_kernel_variant())]
+
+
+def fma_pairs() -> bool:
+    """Whether the AVX-512 BF16 kernel now sums calls of 2 or more x rows as pairs of fp32
+    FMAs instead of ``vdpbf16ps`` (``csrc/bf16_gemm.cpp``): the same bits, chosen where a
+    one-off timing at first use finds two 512-bit FMAs faster than one ``vdpbf16ps`` (as on
+    Intel cores), or forced with ``SPECSERVE_BF16_FMA=1`` / ``0`` (read on every call).
+    False where the library is not available, on AVX2 builds and under the AMX tiles."""
+    return available() and kernel() == "AVX-512 BF16" and bool(torch.ops.specserve.bf16_fma_pairs())
+
+
+def describe_kernel() -> str | None:
+    """:func:`kernel`, with ``" (sums of several rows as FMA pairs)"`` where
+    :func:`fma_pairs` is on: for logs and ``specserve:model_info``."""
+    name = kernel()
+    return f"{name} (sums of several rows as FMA pairs)" if name and fma_pairs() else name

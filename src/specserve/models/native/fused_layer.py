@@ -246,8 +246,8 @@ def why_not(model: DecoderLM) -> str | None:
 def describe(model: DecoderLM) -> str:
     """How ``model``'s decode and verify steps run, in words for logs and metrics:
     ``native int4_decoder_layer``, ``native bf16_decoder_layer on AMX tiles`` (the bf16 op
-    names its kernel, :func:`bf16_native.kernel`; the quantised op says ``on AMX tiles`` where
-    :func:`int4_native.amx_tiles` is on and the model's weights may take them,
+    names its kernel, :func:`bf16_native.describe_kernel`; the quantised op says ``on AMX
+    tiles`` where :func:`int4_native.amx_tiles` is on and the model's weights may take them,
     :func:`allow_tiles`) or ``eager (<why not>)``; ``, <kind> on int8 x`` (``int4_native.
     int8_activation_kind``) and ``, bf16 residual stream`` where they apply."""
     layers = _layers(model)
@@ -255,7 +255,7 @@ def describe(model: DecoderLM) -> str:
     if model.layer_runner is run_layers and isinstance(fused, LayerWeights):
         bf16_stream = ", bf16 residual stream" if fused.residual == torch.bfloat16 else ""
         if fused.op == "bf16_decoder_layer":
-            return f"native {fused.op} on {bf16_native.kernel()}{bf16_stream}"
+            return f"native {fused.op} on {bf16_native.describe_kernel()}{bf16_stream}"
         mode = cast("int", fused.args[-1])
         one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x()
         x8 = f", {k} on int8 x" if (k := int4_native.int8_activation_kind(model)) else ""

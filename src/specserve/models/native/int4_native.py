@@ -378,9 +378,10 @@ def amx_tiles(switched: bool = True) -> bool:
     on the AMX tiles now (``csrc/quant_amx.cpp``): the library was built with AMX BF16, the OS
     grants the tile state, ``SPECSERVE_AMX`` is not ``0`` and ``SPECSERVE_QUANT_AMX`` is ``1``
     (off by default; both read on every call, as the kernels read them); with
-    ``switched=False``, whether they are there at all, ``SPECSERVE_QUANT_AMX`` aside: a draft model's weights take them in calls of ``tiles_from_rows`` rows or
-    more wherever they are (``fused_layer.allow_tiles``). Weights whose ``tiles`` is False
-    stay on the ``vdpbf16ps`` kernels. A one-row matmul is slower on the tiles, one of several
+    ``switched=False``, whether they are there at all, ``SPECSERVE_QUANT_AMX`` aside: a draft
+    model's weights take them in calls of ``tiles_from_rows`` rows or more wherever they are
+    (``fused_layer.allow_tiles``). Weights whose ``tiles`` is False stay on the ``vdpbf16ps``
+    kernels. A one-row matmul is slower on the tiles, one of several
     rows faster: they serve the target of speculative decoding. The tiles sum each group's
     products in another order than ``vdpbf16ps``, so outputs differ from those kernels' by
     rounding; rows stay batch invariant. False where the kernel is not available."""

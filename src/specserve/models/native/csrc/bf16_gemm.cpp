@@ -32,6 +32,15 @@
 // One instruction does the 32 multiply-adds the AVX2 kernel needs two conversions and two
 // FMAs per 16 inputs for, so the multi-row (verify, prefill chunk) calls, which are compute
 // bound on AVX2, run several times faster.
+//   The same sums as FMA pairs: vdpbf16ps adds, per lane, the odd input's product and then
+// the even input's, each step an fp32 FMA with denormal inputs read as 0, denormal results
+// flushed and round to nearest even. Two vfmadd231ps (odd, then even inputs, shifted into
+// fp32: exact) under MXCSR's DAZ and FTZ give every lane bit for bit the same value. Where
+// the CPU runs two 512-bit FMAs in less time than one vdpbf16ps (an Intel core measured
+// 0.96 vdpbf16ps but 3.0 FMAs per ns), calls of 2 or more x rows, bound by those instructions,
+// take the pairs (fma_pairs_on(): a one-off timing of both at first use, or
+// SPECSERVE_BF16_FMA=0 / 1); one-row calls, bound by memory, keep vdpbf16ps. Same bits either
+// way, so the choice may differ by M and by host without breaking the batch invariance.
 //
 // AMX BF16 (where the build has AMX and the kernel grants the process its tile state; on
 // unless SPECSERVE_BF16_AMX=0, read on every call): a tile of 16 weight rows x 32 inputs, read
@@ -61,6 +70,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -108,8 +118,10 @@ constexpr int64_t kSweepBytes = int64_t{32} << 10;
 
 struct Job {
   const uint16_t* w;     // [N, K]
-  const void* x;         // [M, K]: AVX-512, x itself (bf16); AVX2, per chunk of 16 inputs its
-                         // 8 even then its 8 odd inputs in fp32 (split_pairs)
+  const void* x;         // [M, K]: AVX-512, x itself (bf16), or for the FMA pairs per chunk of
+                         // 32 inputs its 16 odd then its 16 even inputs in fp32, rows
+                         // padded to whole chunks (split_odd_even); AVX2, per chunk of 16
+                         // inputs its 8 even then its 8 odd inputs in fp32 (split_pairs)
   const uint16_t* bias;  // [N] or null
   void* out;             // element (m, n) at out + m * ldo + n
   int64_t ldo, K, M;
@@ -192,6 +204,183 @@ void run_block(const Job& j, int64_t n0, int64_t m0) {
   if (k < K) dot_step<NR, MR>(acc, w, x, K, k, true, !sweep);
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
+}
+
+// The FMA pairs (see the file's header): x rows (bf16) -> per chunk of 32 inputs its 16 odd
+// then its 16 even inputs in fp32, each row padded with zeros to whole chunks (a last chunk of
+// 16 inputs has zeros above, as load_half gives vdpbf16ps).
+inline int64_t padded_k(int64_t K) { return (K + kChunk - 1) / kChunk * kChunk; }
+
+void split_odd_even(const uint16_t* x, float* xs, int64_t M, int64_t K) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t kp = padded_k(K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < kp; k += kChunk) {
+      const uint16_t* p = x + m * K + k;
+      const __m512i v = k + kChunk <= K ? load_chunk(p) : load_half(p);
+      float* o = xs + m * kp + k;
+      _mm512_storeu_ps(o, _mm512_castsi512_ps(_mm512_and_si512(v, high)));
+      _mm512_storeu_ps(o + 16, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+}
+
+// One chunk of 32 inputs of the FMA pairs: per sum, the odd inputs' FMA, then the even ones'.
+// Each x vector is loaded once for its NR FMAs (the empty asm keeps the compiler from folding
+// the load into every FMA, as in the AVX2 kernel).
+template <int NR, int MR>
+inline void fma_step(__m512 (&acc)[NR][MR], const uint16_t* const (&w)[NR], const float* x,
+                     int64_t kp, int64_t k, bool half, bool row_prefetch) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 wo[NR], we[NR];
+  for (int r = 0; r < NR; ++r) {
+    if (row_prefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kPrefetchBytes, _MM_HINT_T0);
+    const __m512i v = half ? load_half(w[r] + k) : load_chunk(w[r] + k);
+    wo[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  for (int m = 0; m < MR; ++m) {
+    __m512 xo = _mm512_loadu_ps(x + m * kp + k);
+    __asm__("" : "+v"(xo));
+    for (int r = 0; r < NR; ++r) acc[r][m] = _mm512_fmadd_ps(wo[r], xo, acc[r][m]);
+    __m512 xe = _mm512_loadu_ps(x + m * kp + k + 16);
+    __asm__("" : "+v"(xe));
+    for (int r = 0; r < NR; ++r) acc[r][m] = _mm512_fmadd_ps(we[r], xe, acc[r][m]);
+  }
+}
+
+// run_block's sums as FMA pairs: weight rows [n0, n0 + NR) against the MR rows of the split
+// x from m0, pass `pass` of the `passes` (x row blocks) over these weight rows. Prefetch:
+// with the sweep on, every pass (not only the first, as in run_block) sweeps its share of
+// the next block's lines into L2, spread evenly over its steps, so that the next weights
+// arrive while all the passes compute, not only the first (without it, a 16-row call waited
+// on memory in its first pass and left the memory idle in the other three); otherwise each
+// row's own stream 512 bytes ahead. The caller sets DAZ and FTZ (FmaMode).
+template <int NR, int MR>
+void run_block_fma(const Job& j, int64_t n0, int64_t m0, int64_t pass, int64_t passes) {
+  const int64_t K = j.K, kp = padded_k(K), steps = K / kChunk;
+  const uint16_t* w[NR];
+  for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
+  const float* x = static_cast<const float*>(j.x) + m0 * kp;
+  const bool sweep = j.sweep && steps > 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
+  const int64_t lines = (NR * K * 2 + 63) / 64;
+  const int64_t first = lines * pass / passes, share = lines * (pass + 1) / passes - first;
+  const char* line = reinterpret_cast<const char*>(j.w + (n0 + NR) * K) + 64 * first;
+  int64_t due = 0;  // share x steps done so far, less steps x lines issued
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + kChunk <= K; k += kChunk) {
+    if (sweep)
+      for (due += share; due >= steps; due -= steps, line += 64) _mm_prefetch(line, _MM_HINT_T1);
+    fma_step<NR, MR>(acc, w, x, kp, k, false, !sweep);
+  }
+  if (k < K) fma_step<NR, MR>(acc, w, x, kp, k, true, !sweep);
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
+}
+
+constexpr int64_t kFmaRows = 5;  // x rows per block beyond 8 rows (with 4 weight rows)
+
+template <int NR>
+void fma_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows, int64_t pass, int64_t passes) {
+  switch (rows) {
+    case 1: run_block_fma<NR, 1>(j, n0, m0, pass, passes); break;
+    case 2: run_block_fma<NR, 2>(j, n0, m0, pass, passes); break;
+    case 3: run_block_fma<NR, 3>(j, n0, m0, pass, passes); break;
+    case 4: run_block_fma<NR, 4>(j, n0, m0, pass, passes); break;
+    default: run_block_fma<NR, 5>(j, n0, m0, pass, passes); break;
+  }
+}
+
+// Weight rows [begin, end), all rows of x, as FMA pairs: blocks of 4 weight rows against
+// balanced blocks of up to 5 x rows (registers, 32: 20 sums, 8 weight vectors, the two of
+// one x row and the mask; 3 x 8 or 2 x 8 blocks, fewer x passes with fewer weight rows each,
+// were slower for 6-8 x rows than two passes of 4 weight rows); the last weight rows one by one.
+void run_range_fma(const Job& j, int64_t begin, int64_t end) {
+  int64_t n = begin;
+  const int64_t M = j.M, blocks = specserve_native::num_row_blocks(M, kFmaRows);
+  const auto start = [&](int64_t i) { return specserve_native::row_block_start(M, kFmaRows, i); };
+  for (; n + 4 <= end; n += 4)
+    for (int64_t i = 0; i < blocks; ++i)
+      fma_rows<4>(j, n, start(i), start(i + 1) - start(i), i, blocks);
+  for (; n < end; ++n)
+    for (int64_t i = 0; i < blocks; ++i)
+      fma_rows<1>(j, n, start(i), start(i + 1) - start(i), i, blocks);
+}
+
+// MXCSR's DAZ and FTZ for the scope of a task of FMA pairs (the thread's own mode restored).
+class FmaMode {
+ public:
+  explicit FmaMode(bool on) : on_(on), saved_(on ? _mm_getcsr() : 0) {
+    if (on_) _mm_setcsr(saved_ | kDazFtz);
+  }
+  ~FmaMode() {
+    if (on_) _mm_setcsr(saved_);
+  }
+  FmaMode(const FmaMode&) = delete;
+  FmaMode& operator=(const FmaMode&) = delete;
+
+ private:
+  static constexpr unsigned kDazFtz = 0x8040;
+  bool on_;
+  unsigned saved_;
+};
+
+// Whether two 512-bit FMAs, with the pairs' share of shifts (about a fifth more), take less
+// time than one vdpbf16ps on this CPU: each timed on 24 independent chains in registers,
+// best of 7 (a few hundred microseconds, once per process).
+bool fma_pairs_faster() {
+  static const bool faster = [] {
+    const auto best = [](auto&& body) {
+      double t = 1e30;
+      for (int rep = 0; rep < 7; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        body();
+        t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return t;
+    };
+    constexpr int kChains = 24, kIters = 2000;
+    volatile float sink = 0;
+    const double dp = best([&] {
+      __m512 a[kChains];
+      for (auto& v : a) v = _mm512_setzero_ps();
+      __m512i w = _mm512_set1_epi16(0x3f80);
+      const __m512i x = _mm512_set1_epi16(0x3f00);
+      for (int i = 0; i < kIters; ++i) {
+#pragma GCC unroll 24  // the chains in registers (a loop over memory would time its stores)
+        for (auto& v : a) v = _mm512_dpbf16_ps(v, (__m512bh)w, (__m512bh)x);
+        __asm__ volatile("" : "+v"(w));
+      }
+      for (auto& v : a) sink = sink + _mm512_reduce_add_ps(v);
+    });
+    const double fma = best([&] {
+      __m512 a[kChains];
+      for (auto& v : a) v = _mm512_setzero_ps();
+      __m512 w = _mm512_set1_ps(1.0f);
+      const __m512 x = _mm512_set1_ps(0.5f);
+      for (int i = 0; i < kIters; ++i) {
+#pragma GCC unroll 24
+        for (auto& v : a) v = _mm512_fmadd_ps(w, x, v);
+#pragma GCC unroll 24
+        for (auto& v : a) v = _mm512_fmadd_ps(x, w, v);
+        __asm__ volatile("" : "+v"(w));
+      }
+      for (auto& v : a) sink = sink + _mm512_reduce_add_ps(v);
+    });
+    return fma * 1.2 < dp;
+  }();
+  return faster;
+}
+
+// Whether calls of 2 or more x rows take the FMA pairs: SPECSERVE_BF16_FMA=1 / 0, else
+// fma_pairs_faster() (read on every call; the bits are the same either way).
+bool fma_pairs_on() {
+  if (specserve_native::switch_set("SPECSERVE_BF16_FMA")) return true;
+  if (!specserve_native::switch_on("SPECSERVE_BF16_FMA")) return false;
+  return fma_pairs_faster();
 }
 
 #ifdef SPECSERVE_BF16_AMX
@@ -479,6 +668,8 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
     STD_TORCH_CHECK(parts[i].w.K == K, "bf16_matmul_many: weights of different widths");
 #ifdef SPECSERVE_BF16_AVX512
   const void* xp = x;  // vdpbf16ps takes the bf16 pairs as they are
+  bool fma = false;    // the FMA pairs: x split once per call (per calling thread, reused)
+  thread_local std::vector<float> xs;
 #ifdef SPECSERVE_BF16_AMX
   // The tiles take each row block's pairs interleaved; per calling thread, reused.
   const bool amx = K % kAmxK == 0 && amx_on();
@@ -489,7 +680,14 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
                                        K / 2, kAmxRows);
   }
   const uint32_t* xip = xi.data();  // the worker threads have thread_locals of their own
+  if (!amx)
 #endif
+    fma = M >= 2 && fma_pairs_on();
+  if (fma) {
+    xs.resize(static_cast<size_t>(M * padded_k(K)));
+    split_odd_even(x, xs.data(), M, K);
+    xp = xs.data();
+  }
 #else
   // Per calling thread, reused: the split inputs are small (M x K fp32).
   thread_local std::vector<float> xd;
@@ -517,6 +715,13 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
 #ifdef SPECSERVE_BF16_AMX
       if (amx) {
         run_range_amx(job, xip, begin, end);
+        continue;
+      }
+#endif
+#ifdef SPECSERVE_BF16_AVX512
+      if (fma) {
+        const FmaMode mode(true);
+        run_range_fma(job, begin, end);
         continue;
       }
 #endif
@@ -564,6 +769,16 @@ Tensor bf16_gemm(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
+// Whether bf16 matmuls of 2 or more x rows on the AVX-512 BF16 kernel take the FMA pairs now
+// (fma_pairs_on(); false on AVX2 builds).
+bool bf16_fma_pairs() {
+#ifdef SPECSERVE_BF16_AVX512
+  return fma_pairs_on();
+#else
+  return false;
+#endif
+}
+
 // Which kernel a bf16 matmul with K a multiple of 32 runs on now: 2 AMX tiles, 1 AVX-512
 // BF16, 0 AVX2 (the AMX switch is read on every call, as bf16_matmul reads it).
 int64_t bf16_kernel_variant() {
@@ -582,10 +797,12 @@ int64_t bf16_kernel_variant() {
 STABLE_TORCH_LIBRARY_FRAGMENT(specserve, m) {
   m.def("bf16_gemm(Tensor x, Tensor weight, Tensor bias) -> Tensor");
   m.def("bf16_kernel_variant() -> int");
+  m.def("bf16_fma_pairs() -> bool");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CPU, m) { m.impl("bf16_gemm", TORCH_BOX(&bf16_gemm)); }
 
 STABLE_TORCH_LIBRARY_IMPL(specserve, CompositeExplicitAutograd, m) {
   m.impl("bf16_kernel_variant", TORCH_BOX(&bf16_kernel_variant));
+  m.impl("bf16_fma_pairs", TORCH_BOX(&bf16_fma_pairs));
 }
