@@ -90,29 +90,36 @@ def test_the_sweep_prefetch_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> N
 @native
 def test_fma_pairs_give_the_vdpbf16ps_sums_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the AVX-512 BF16 kernel, sums of several x rows taken as pairs of fp32 FMAs
-    (``SPECSERVE_BF16_FMA=1``) equal the ``vdpbf16ps`` sums (``=0``) bit for bit, in fp32
-    before any rounding to bf16, for every blocking of x rows (2-8 in one block, 9-17 in
-    blocks of up to 5), a K ending in a half chunk (48, 1552), weights and inputs with
-    denormal values and products that underflow (both read as 0 and flushed, as ``vdpbf16ps``
-    does), and N leaving rows beside the blocks of 4; the library reports the switch."""
+    (``SPECSERVE_BF16_FMA=1``, calls of 3 or more rows) equal the ``vdpbf16ps`` sums
+    (``=0``) bit for bit, in fp32 before any rounding to bf16, for every blocking of x rows
+    (3-5 in one block, 6-17 in balanced blocks of up to 5), a K ending in a half chunk (48,
+    1552), weights and inputs with denormal values and products that underflow (both read as
+    0 and flushed, as ``vdpbf16ps`` does), and N leaving rows beside the blocks of 4 and
+    groups of weight rows shorter than the others (K = 8960: groups of 12 and 8); the library
+    reports the switch."""
     monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")
     if bf16_native.kernel() != "AVX-512 BF16":
         pytest.skip("the FMA pairs are an AVX-512 BF16 kernel's form")
-    gen = torch.Generator().manual_seed(7)
+    no_bias = torch.empty(0, dtype=torch.bfloat16)
     for n, k in ((37, 48), (16 * 5 + 3, 1552), (21, 8960)):
         w, b, x = _data(n, k, 17, seed=4)
-        scale = torch.where(torch.rand(n, k, generator=gen) < 0.1, 2.0**-126, 1.0)
-        w = (w.float() * scale).to(torch.bfloat16)  # some denormal, some tiny weights
-        x = x.float() * torch.where(torch.rand(17, k, generator=gen) < 0.1, 2.0**-20, 1.0)
-        x = x.to(torch.bfloat16).float()  # fp32 x of bf16 values: fp32 sums out
-        for m in range(2, 18):
-            monkeypatch.setenv("SPECSERVE_BF16_FMA", "1")
-            assert bf16_native.fma_pairs()
-            pairs = torch.ops.specserve.bf16_gemm(x[:m], w, b)
-            monkeypatch.setenv("SPECSERVE_BF16_FMA", "0")
-            assert not bf16_native.fma_pairs()
-            dp = torch.ops.specserve.bf16_gemm(x[:m], w, b)
-            assert pairs.dtype == torch.float32 and torch.equal(pairs, dp), (n, k, m)
+        # Weight rows 0, 5, 10, ... denormal throughout, 1, 6, ... near 2^-70; x rows 0, 4,
+        # ... near 2^-60: products read as 0 (DAZ) and sums below 2^-126 (flushed, FTZ).
+        w_scale = torch.tensor(
+            [2.0**-130 if i % 5 == 0 else 2.0**-70 if i % 5 == 1 else 1.0 for i in range(n)]
+        )
+        w = (w.float() * w_scale[:, None]).to(torch.bfloat16)
+        x_scale = torch.tensor([2.0**-60 if i % 4 == 0 else 1.0 for i in range(17)])
+        x = (x.float() * x_scale[:, None]).to(torch.bfloat16).float()  # fp32 x: fp32 sums out
+        for m in range(3, 18):
+            for bias in (b, no_bias):
+                monkeypatch.setenv("SPECSERVE_BF16_FMA", "1")
+                assert bf16_native.fma_pairs()
+                pairs = torch.ops.specserve.bf16_gemm(x[:m], w, bias)
+                monkeypatch.setenv("SPECSERVE_BF16_FMA", "0")
+                assert not bf16_native.fma_pairs()
+                dp = torch.ops.specserve.bf16_gemm(x[:m], w, bias)
+                assert pairs.dtype == torch.float32 and torch.equal(pairs, dp), (n, k, m)
 
 
 @native

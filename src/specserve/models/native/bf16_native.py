@@ -118,7 +118,7 @@ def kernel() -> str | None:
 
 
 def fma_pairs() -> bool:
-    """Whether the AVX-512 BF16 kernel now sums calls of 2 or more x rows as pairs of fp32
+    """Whether the AVX-512 BF16 kernel now sums calls of 3 or more x rows as pairs of fp32
     FMAs instead of ``vdpbf16ps`` (``csrc/bf16_gemm.cpp``): the same bits, chosen where a
     one-off timing at first use finds two 512-bit FMAs faster than one ``vdpbf16ps`` (as on
     Intel cores), or forced with ``SPECSERVE_BF16_FMA=1`` / ``0`` (read on every call).

@@ -36,11 +36,12 @@
 // the even input's, each step an fp32 FMA with denormal inputs read as 0, denormal results
 // flushed and round to nearest even. Two vfmadd231ps (odd, then even inputs, shifted into
 // fp32: exact) under MXCSR's DAZ and FTZ give every lane bit for bit the same value. Where
-// the CPU runs two 512-bit FMAs in less time than one vdpbf16ps (an Intel core measured
-// 0.96 vdpbf16ps but 3.0 FMAs per ns), calls of 2 or more x rows, bound by those instructions,
-// take the pairs (fma_pairs_on(): a one-off timing of both at first use, or
-// SPECSERVE_BF16_FMA=0 / 1); one-row calls, bound by memory, keep vdpbf16ps. Same bits either
-// way, so the choice may differ by M and by host without breaking the batch invariance.
+// the CPU runs two 512-bit FMAs in less time than one vdpbf16ps (an Intel core with AMX
+// measured about 1.1 vdpbf16ps but 4.9 FMAs per ns), calls of 3 or more x rows, bound by
+// those instructions, take the pairs (fma_pairs_on(): a one-off timing of both at first use,
+// or SPECSERVE_BF16_FMA=0 / 1); calls of 1 or 2 rows, bound by memory, keep vdpbf16ps. Same
+// bits either way, so the choice may differ by M and by host without breaking the batch
+// invariance.
 //
 // AMX BF16 (where the build has AMX and the kernel grants the process its tile state; on
 // unless SPECSERVE_BF16_AMX=0, read on every call): a tile of 16 weight rows x 32 inputs, read
@@ -249,65 +250,84 @@ inline void fma_step(__m512 (&acc)[NR][MR], const uint16_t* const (&w)[NR], cons
   }
 }
 
+// Lines of the next weights a block of FMA pairs prefetches into L2 (the sweep): from `line`,
+// `lines` of them, spread evenly over the block's steps. None where lines is 0.
+struct SweepShare {
+  const char* line;
+  int64_t lines;
+};
+
 // run_block's sums as FMA pairs: weight rows [n0, n0 + NR) against the MR rows of the split
-// x from m0, pass `pass` of the `passes` (x row blocks) over these weight rows. Prefetch:
-// with the sweep on, every pass (not only the first, as in run_block) sweeps its share of
-// the next block's lines into L2, spread evenly over its steps, so that the next weights
-// arrive while all the passes compute, not only the first (without it, a 16-row call waited
-// on memory in its first pass and left the memory idle in the other three); otherwise each
-// row's own stream 512 bytes ahead. The caller sets DAZ and FTZ (FmaMode).
+// x from m0, prefetching its share of the next weights (run_range_fma) or, with no share
+// and the sweep off, each row's own stream 512 bytes ahead. The caller sets DAZ and FTZ
+// (FmaMode).
 template <int NR, int MR>
-void run_block_fma(const Job& j, int64_t n0, int64_t m0, int64_t pass, int64_t passes) {
+void run_block_fma(const Job& j, int64_t n0, int64_t m0, SweepShare sweep) {
   const int64_t K = j.K, kp = padded_k(K), steps = K / kChunk;
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
   const float* x = static_cast<const float*>(j.x) + m0 * kp;
-  const bool sweep = j.sweep && steps > 0 && n0 + 2 * NR <= j.n_end && NR * K * 2 <= kSweepBytes;
-  const int64_t lines = (NR * K * 2 + 63) / 64;
-  const int64_t first = lines * pass / passes, share = lines * (pass + 1) / passes - first;
-  const char* line = reinterpret_cast<const char*>(j.w + (n0 + NR) * K) + 64 * first;
-  int64_t due = 0;  // share x steps done so far, less steps x lines issued
+  const bool row_prefetch = !j.sweep;
+  int64_t due = 0;  // lines x steps done so far, less steps x lines issued
   __m512 acc[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + kChunk <= K; k += kChunk) {
-    if (sweep)
-      for (due += share; due >= steps; due -= steps, line += 64) _mm_prefetch(line, _MM_HINT_T1);
-    fma_step<NR, MR>(acc, w, x, kp, k, false, !sweep);
+    for (due += sweep.lines; due >= steps; due -= steps, sweep.line += 64)
+      _mm_prefetch(sweep.line, _MM_HINT_T1);
+    fma_step<NR, MR>(acc, w, x, kp, k, false, row_prefetch);
   }
-  if (k < K) fma_step<NR, MR>(acc, w, x, kp, k, true, !sweep);
+  if (k < K) fma_step<NR, MR>(acc, w, x, kp, k, true, row_prefetch);
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
 }
 
-constexpr int64_t kFmaRows = 5;  // x rows per block beyond 8 rows (with 4 weight rows)
+constexpr int64_t kFmaRows = 5;        // x rows per block at most (with 4 weight rows)
+constexpr int64_t kFmaFromRows = 3;    // calls of fewer x rows keep vdpbf16ps (no faster)
+constexpr int64_t kFmaGroupRows = 16;  // weight rows per group at most (run_range_fma)
 
 template <int NR>
-void fma_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows, int64_t pass, int64_t passes) {
+void fma_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows, SweepShare sweep) {
   switch (rows) {
-    case 1: run_block_fma<NR, 1>(j, n0, m0, pass, passes); break;
-    case 2: run_block_fma<NR, 2>(j, n0, m0, pass, passes); break;
-    case 3: run_block_fma<NR, 3>(j, n0, m0, pass, passes); break;
-    case 4: run_block_fma<NR, 4>(j, n0, m0, pass, passes); break;
-    default: run_block_fma<NR, 5>(j, n0, m0, pass, passes); break;
+    case 1: run_block_fma<NR, 1>(j, n0, m0, sweep); break;
+    case 2: run_block_fma<NR, 2>(j, n0, m0, sweep); break;
+    case 3: run_block_fma<NR, 3>(j, n0, m0, sweep); break;
+    case 4: run_block_fma<NR, 4>(j, n0, m0, sweep); break;
+    default: run_block_fma<NR, 5>(j, n0, m0, sweep); break;
   }
 }
 
 // Weight rows [begin, end), all rows of x, as FMA pairs: blocks of 4 weight rows against
 // balanced blocks of up to 5 x rows (registers, 32: 20 sums, 8 weight vectors, the two of
-// one x row and the mask; 3 x 8 or 2 x 8 blocks, fewer x passes with fewer weight rows each,
-// were slower for 6-8 x rows than two passes of 4 weight rows); the last weight rows one by one.
+// one x row and the mask; 3 x 8 or 2 x 8 blocks were slower for 6-8 x rows). The weight rows
+// go in groups of up to 16 (at most 256 KiB), and each x block passes over a whole group
+// before the next x block: its split rows (up to 5 x 6 KiB at K = 1536) stay in L1 while the
+// group's weights come from L2, where the other order read each x block from L2 once per
+// 4 weight rows, twice the bytes. With the sweep on, every block of a group prefetches its
+// share of the next group's lines, so that the next weights arrive while all the x blocks
+// compute (with only the first x block prefetching, a 16-row call waited on memory in its
+// first pass and left the memory idle in the others). The last weight rows one by one.
 void run_range_fma(const Job& j, int64_t begin, int64_t end) {
-  int64_t n = begin;
-  const int64_t M = j.M, blocks = specserve_native::num_row_blocks(M, kFmaRows);
+  const int64_t M = j.M, K = j.K, blocks = specserve_native::num_row_blocks(M, kFmaRows);
   const auto start = [&](int64_t i) { return specserve_native::row_block_start(M, kFmaRows, i); };
-  for (; n + 4 <= end; n += 4)
+  const int64_t fit = std::max<int64_t>(1, kSweepBytes / (4 * K * 2)) * 4;
+  const int64_t group = std::min(kFmaGroupRows, fit), whole = begin + (end - begin) / 4 * 4;
+  for (int64_t g = begin; g < whole; g += group) {
+    const int64_t g_end = std::min(g + group, whole), next_end = std::min(g_end + group, whole);
+    const int64_t passes = blocks * ((g_end - g) / 4);
+    const int64_t lines = j.sweep ? ((next_end - g_end) * K * 2 + 63) / 64 : 0;
+    const char* next = reinterpret_cast<const char*>(j.w + g_end * K);
+    int64_t pass = 0;
     for (int64_t i = 0; i < blocks; ++i)
-      fma_rows<4>(j, n, start(i), start(i + 1) - start(i), i, blocks);
-  for (; n < end; ++n)
+      for (int64_t n = g; n < g_end; n += 4, ++pass) {
+        const int64_t first = lines * pass / passes, share = lines * (pass + 1) / passes - first;
+        fma_rows<4>(j, n, start(i), start(i + 1) - start(i), {next + 64 * first, share});
+      }
+  }
+  for (int64_t n = whole; n < end; ++n)
     for (int64_t i = 0; i < blocks; ++i)
-      fma_rows<1>(j, n, start(i), start(i + 1) - start(i), i, blocks);
+      fma_rows<1>(j, n, start(i), start(i + 1) - start(i), {nullptr, 0});
 }
 
 // MXCSR's DAZ and FTZ for the scope of a task of FMA pairs (the thread's own mode restored).
@@ -375,7 +395,8 @@ bool fma_pairs_faster() {
   return faster;
 }
 
-// Whether calls of 2 or more x rows take the FMA pairs: SPECSERVE_BF16_FMA=1 / 0, else
+// Whether calls of kFmaFromRows or more x rows take the FMA pairs: SPECSERVE_BF16_FMA=1 / 0,
+// else
 // fma_pairs_faster() (read on every call; the bits are the same either way).
 bool fma_pairs_on() {
   if (specserve_native::switch_set("SPECSERVE_BF16_FMA")) return true;
@@ -682,7 +703,7 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
   const uint32_t* xip = xi.data();  // the worker threads have thread_locals of their own
   if (!amx)
 #endif
-    fma = M >= 2 && fma_pairs_on();
+    fma = M >= kFmaFromRows && fma_pairs_on();
   if (fma) {
     xs.resize(static_cast<size_t>(M * padded_k(K)));
     split_odd_even(x, xs.data(), M, K);
@@ -769,7 +790,7 @@ Tensor bf16_gemm(const Tensor& x_in, const Tensor& weight, const Tensor& bias) {
   return out;
 }
 
-// Whether bf16 matmuls of 2 or more x rows on the AVX-512 BF16 kernel take the FMA pairs now
+// Whether bf16 matmuls of 3 or more x rows on the AVX-512 BF16 kernel take the FMA pairs now
 // (fma_pairs_on(); false on AVX2 builds).
 bool bf16_fma_pairs() {
 #ifdef SPECSERVE_BF16_AVX512
