@@ -36,8 +36,8 @@
 // the even input's, each step an fp32 FMA with denormal inputs read as 0, denormal results
 // flushed and round to nearest even. Two vfmadd231ps (odd, then even inputs, shifted into
 // fp32: exact) under MXCSR's DAZ and FTZ give every lane bit for bit the same value. Where
-// the CPU runs two 512-bit FMAs in less time than one vdpbf16ps (an Intel core with AMX
-// measured about 1.1 vdpbf16ps but 4.9 FMAs per ns), calls of 3 or more x rows, bound by
+// the CPU runs two 512-bit FMAs in less time than one vdpbf16ps (Intel cores with AMX run
+// vdpbf16ps at a fraction of their FMA rate), calls of 3 or more x rows, bound by
 // those instructions, take the pairs (fma_pairs_on(): a one-off timing of both at first use,
 // or SPECSERVE_BF16_FMA=0 / 1); calls of 1 or 2 rows, bound by memory, keep vdpbf16ps. Same
 // bits either way, so the choice may differ by M and by host without breaking the batch
