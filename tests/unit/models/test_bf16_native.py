@@ -94,20 +94,22 @@ def test_fma_pairs_give_the_vdpbf16ps_sums_bit_for_bit(monkeypatch: pytest.Monke
     (``=0``) bit for bit, in fp32 before any rounding to bf16, for every blocking of x rows
     (3-5 in one block, 6-17 in balanced blocks of up to 5), a K ending in a half chunk (48,
     1552), weights and inputs with denormal values and products that underflow (both read as
-    0 and flushed, as ``vdpbf16ps`` does), and N leaving rows beside the blocks of 4 and
-    groups of weight rows shorter than the others (K = 8960: groups of 12 and 8); the library
-    reports the switch."""
+    0 and flushed, as ``vdpbf16ps`` does) and lane sums whose reduction underflows (not
+    flushed, as the ``vdpbf16ps`` kernel reduces them), and N leaving rows beside the blocks
+    of 4 and groups of weight rows shorter than the others (K = 8960: groups of 12 and 8); the
+    library reports the switch."""
     monkeypatch.setenv("SPECSERVE_BF16_AMX", "0")
     if bf16_native.kernel() != "AVX-512 BF16":
         pytest.skip("the FMA pairs are an AVX-512 BF16 kernel's form")
     no_bias = torch.empty(0, dtype=torch.bfloat16)
     for n, k in ((37, 48), (16 * 5 + 3, 1552), (21, 8960)):
         w, b, x = _data(n, k, 17, seed=4)
-        # Weight rows 0, 5, 10, ... denormal throughout, 1, 6, ... near 2^-70; x rows 0, 4,
-        # ... near 2^-60: products read as 0 (DAZ) and sums below 2^-126 (flushed, FTZ).
-        w_scale = torch.tensor(
-            [2.0**-130 if i % 5 == 0 else 2.0**-70 if i % 5 == 1 else 1.0 for i in range(n)]
-        )
+        # Weight rows 0, 5, 10, ... denormal throughout, 1, 6, ... near 2^-70, 2, 7, ... near
+        # 2^-64; x rows 0, 4, ... near 2^-60: products read as 0 (DAZ), sums below 2^-126
+        # (flushed, FTZ), and lane sums near 2^-123 whose reduction to one value may fall
+        # below 2^-126 (reduced as the vdpbf16ps kernel reduces them, without FTZ).
+        scales = {0: 2.0**-130, 1: 2.0**-70, 2: 2.0**-64}
+        w_scale = torch.tensor([scales.get(i % 5, 1.0) for i in range(n)])
         w = (w.float() * w_scale[:, None]).to(torch.bfloat16)
         x_scale = torch.tensor([2.0**-60 if i % 4 == 0 else 1.0 for i in range(17)])
         x = (x.float() * x_scale[:, None]).to(torch.bfloat16).float()  # fp32 x: fp32 sums out

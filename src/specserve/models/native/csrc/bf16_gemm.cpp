@@ -257,12 +257,37 @@ struct SweepShare {
   int64_t lines;
 };
 
+// MXCSR's DAZ and FTZ for a scope (the thread's own mode restored at its end).
+class FmaMode {
+ public:
+  FmaMode() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kDazFtz); }
+  ~FmaMode() { _mm_setcsr(saved_); }
+  FmaMode(const FmaMode&) = delete;
+  FmaMode& operator=(const FmaMode&) = delete;
+
+ private:
+  static constexpr unsigned kDazFtz = 0x8040;
+  unsigned saved_;
+};
+
+// The 16 lane sums of output (n, m) of a group of weight rows from g (run_range_fma), kept
+// until the group's blocks are done: they are summed to one value outside DAZ and FTZ, as the
+// vdpbf16ps kernel sums them (under FTZ a sum of lanes falling below 2^-126 would be
+// flushed, there it is not). Setting MXCSR once per group, not per block, keeps its cost
+// off the blocks (a block's own setting cost the pairs their gain over vdpbf16ps).
+struct LaneSums {
+  float* data;  // [n - g][m][16]
+  int64_t M;
+  float* at(int64_t n, int64_t m) const { return data + (n * M + m) * 16; }
+};
+
 // run_block's sums as FMA pairs: weight rows [n0, n0 + NR) against the MR rows of the split
-// x from m0, prefetching its share of the next weights (run_range_fma) or, with no share
-// and the sweep off, each row's own stream 512 bytes ahead. The caller sets DAZ and FTZ
-// (FmaMode).
+// x from m0, under DAZ and FTZ (the caller's FmaMode), their lane sums into `sums` (rows
+// counted from the group's first); prefetching its share of the next weights
+// (run_range_fma) or, with no share and the sweep off, each row's own stream 512 bytes ahead.
 template <int NR, int MR>
-void run_block_fma(const Job& j, int64_t n0, int64_t m0, SweepShare sweep) {
+void run_block_fma(const Job& j, int64_t n0, int64_t m0, SweepShare sweep, LaneSums sums,
+                   int64_t g) {
   const int64_t K = j.K, kp = padded_k(K), steps = K / kChunk;
   const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) w[r] = j.w + (n0 + r) * K;
@@ -280,7 +305,7 @@ void run_block_fma(const Job& j, int64_t n0, int64_t m0, SweepShare sweep) {
   }
   if (k < K) fma_step<NR, MR>(acc, w, x, kp, k, true, row_prefetch);
   for (int r = 0; r < NR; ++r)
-    for (int m = 0; m < MR; ++m) store_output(j, m0 + m, n0 + r, reduce_add16(acc[r][m]));
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(sums.at(n0 - g + r, m0 + m), acc[r][m]);
 }
 
 constexpr int64_t kFmaRows = 5;        // x rows per block at most (with 4 weight rows)
@@ -288,21 +313,30 @@ constexpr int64_t kFmaFromRows = 3;    // calls of fewer x rows keep vdpbf16ps (
 constexpr int64_t kFmaGroupRows = 16;  // weight rows per group at most (run_range_fma)
 
 template <int NR>
-void fma_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows, SweepShare sweep) {
+void fma_rows(const Job& j, int64_t n0, int64_t m0, int64_t rows, SweepShare sweep,
+              LaneSums sums, int64_t g) {
   switch (rows) {
-    case 1: run_block_fma<NR, 1>(j, n0, m0, sweep); break;
-    case 2: run_block_fma<NR, 2>(j, n0, m0, sweep); break;
-    case 3: run_block_fma<NR, 3>(j, n0, m0, sweep); break;
-    case 4: run_block_fma<NR, 4>(j, n0, m0, sweep); break;
-    default: run_block_fma<NR, 5>(j, n0, m0, sweep); break;
+    case 1: run_block_fma<NR, 1>(j, n0, m0, sweep, sums, g); break;
+    case 2: run_block_fma<NR, 2>(j, n0, m0, sweep, sums, g); break;
+    case 3: run_block_fma<NR, 3>(j, n0, m0, sweep, sums, g); break;
+    case 4: run_block_fma<NR, 4>(j, n0, m0, sweep, sums, g); break;
+    default: run_block_fma<NR, 5>(j, n0, m0, sweep, sums, g); break;
   }
+}
+
+// Outputs of weight rows [g, g_end), all x rows, from their lane sums (outside DAZ and FTZ).
+void store_group(const Job& j, LaneSums sums, int64_t g, int64_t g_end) {
+  for (int64_t n = g; n < g_end; ++n)
+    for (int64_t m = 0; m < j.M; ++m)
+      store_output(j, m, n, reduce_add16(_mm512_loadu_ps(sums.at(n - g, m))));
 }
 
 // Weight rows [begin, end), all rows of x, as FMA pairs: blocks of 4 weight rows against
 // balanced blocks of up to 5 x rows (registers, 32: 20 sums, 8 weight vectors, the two of
-// one x row and the mask; 3 x 8 or 2 x 8 blocks were slower for 6-8 x rows). The weight rows
-// go in groups of up to 16 (at most 256 KiB), and each x block passes over a whole group
-// before the next x block: its split rows (up to 5 x 6 KiB at K = 1536) stay in L1 while the
+// one x row and the mask; blocks of 3 x 6, 3 x 7 and 2 x 8 were slower for 6-8 x rows, and
+// 3 weight rows against up to 7 x rows slower at 4-5 rows on the down projection). The
+// weight rows go in groups of up to 16 (at most 256 KiB), and each x block passes over a whole
+// group before the next x block: its split rows (up to 5 x 6 KiB at K = 1536) stay in L1 while the
 // group's weights come from L2, where the other order read each x block from L2 once per
 // 4 weight rows, twice the bytes. With the sweep on, every block of a group prefetches its
 // share of the next group's lines, so that the next weights arrive while all the x blocks
@@ -313,40 +347,35 @@ void run_range_fma(const Job& j, int64_t begin, int64_t end) {
   const auto start = [&](int64_t i) { return specserve_native::row_block_start(M, kFmaRows, i); };
   const int64_t fit = std::max<int64_t>(1, kSweepBytes / (4 * K * 2)) * 4;
   const int64_t group = std::min(kFmaGroupRows, fit), whole = begin + (end - begin) / 4 * 4;
+  thread_local std::vector<float> lane_sums;  // per worker thread, reused
+  lane_sums.resize(static_cast<size_t>(std::max<int64_t>(group, 4) * M * 16));
+  const LaneSums sums{lane_sums.data(), M};
   for (int64_t g = begin; g < whole; g += group) {
     const int64_t g_end = std::min(g + group, whole), next_end = std::min(g_end + group, whole);
     const int64_t passes = blocks * ((g_end - g) / 4);
     const int64_t lines = j.sweep ? ((next_end - g_end) * K * 2 + 63) / 64 : 0;
     const char* next = reinterpret_cast<const char*>(j.w + g_end * K);
-    int64_t pass = 0;
-    for (int64_t i = 0; i < blocks; ++i)
-      for (int64_t n = g; n < g_end; n += 4, ++pass) {
-        const int64_t first = lines * pass / passes, share = lines * (pass + 1) / passes - first;
-        fma_rows<4>(j, n, start(i), start(i + 1) - start(i), {next + 64 * first, share});
-      }
+    {
+      const FmaMode mode;
+      int64_t pass = 0;
+      for (int64_t i = 0; i < blocks; ++i)
+        for (int64_t n = g; n < g_end; n += 4, ++pass) {
+          const int64_t first = lines * pass / passes;
+          const int64_t share = lines * (pass + 1) / passes - first;
+          fma_rows<4>(j, n, start(i), start(i + 1) - start(i), {next + 64 * first, share}, sums, g);
+        }
+    }
+    store_group(j, sums, g, g_end);
   }
-  for (int64_t n = whole; n < end; ++n)
-    for (int64_t i = 0; i < blocks; ++i)
-      fma_rows<1>(j, n, start(i), start(i + 1) - start(i), {nullptr, 0});
+  if (whole == end) return;
+  {
+    const FmaMode mode;
+    for (int64_t n = whole; n < end; ++n)
+      for (int64_t i = 0; i < blocks; ++i)
+        fma_rows<1>(j, n, start(i), start(i + 1) - start(i), {nullptr, 0}, sums, whole);
+  }
+  store_group(j, sums, whole, end);
 }
-
-// MXCSR's DAZ and FTZ for the scope of a task of FMA pairs (the thread's own mode restored).
-class FmaMode {
- public:
-  explicit FmaMode(bool on) : on_(on), saved_(on ? _mm_getcsr() : 0) {
-    if (on_) _mm_setcsr(saved_ | kDazFtz);
-  }
-  ~FmaMode() {
-    if (on_) _mm_setcsr(saved_);
-  }
-  FmaMode(const FmaMode&) = delete;
-  FmaMode& operator=(const FmaMode&) = delete;
-
- private:
-  static constexpr unsigned kDazFtz = 0x8040;
-  bool on_;
-  unsigned saved_;
-};
 
 // Whether two 512-bit FMAs, with the pairs' share of shifts (about a fifth more), take less
 // time than one vdpbf16ps on this CPU: each timed on 24 independent chains in registers,
@@ -358,7 +387,8 @@ bool fma_pairs_faster() {
       for (int rep = 0; rep < 7; ++rep) {
         const auto t0 = std::chrono::steady_clock::now();
         body();
-        t = std::min(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+        t = std::min(t, took.count());
       }
       return t;
     };
@@ -396,8 +426,7 @@ bool fma_pairs_faster() {
 }
 
 // Whether calls of kFmaFromRows or more x rows take the FMA pairs: SPECSERVE_BF16_FMA=1 / 0,
-// else
-// fma_pairs_faster() (read on every call; the bits are the same either way).
+// else fma_pairs_faster() (read on every call; the bits are the same either way).
 bool fma_pairs_on() {
   if (specserve_native::switch_set("SPECSERVE_BF16_FMA")) return true;
   if (!specserve_native::switch_on("SPECSERVE_BF16_FMA")) return false;
@@ -741,7 +770,6 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
 #endif
 #ifdef SPECSERVE_BF16_AVX512
       if (fma) {
-        const FmaMode mode(true);
         run_range_fma(job, begin, end);
         continue;
       }
