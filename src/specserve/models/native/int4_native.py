@@ -381,8 +381,8 @@ def amx_tiles(switched: bool = True) -> bool:
     ``switched=False``, whether they are there at all, ``SPECSERVE_QUANT_AMX`` aside: a draft
     model's weights take them in calls of ``tiles_from_rows`` rows or more wherever they are
     (``fused_layer.allow_tiles``). Weights whose ``tiles`` is False stay on the ``vdpbf16ps``
-    kernels. A one-row matmul is slower on the tiles, one of several
-    rows faster: they serve the target of speculative decoding. The tiles sum each group's
-    products in another order than ``vdpbf16ps``, so outputs differ from those kernels' by
-    rounding; rows stay batch invariant. False where the kernel is not available."""
+    kernels. A one-row matmul is slower on the tiles, one of several rows faster: they serve
+    the target of speculative decoding. The tiles sum each group's products in another order
+    than ``vdpbf16ps``, so outputs differ from those kernels' by rounding; rows stay batch
+    invariant. False where the kernel is not available."""
     return available() and bool(torch.ops.specserve.quant_amx_active(switched))

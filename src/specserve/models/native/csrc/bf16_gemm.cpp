@@ -348,7 +348,7 @@ void run_range_fma(const Job& j, int64_t begin, int64_t end) {
   const int64_t fit = std::max<int64_t>(1, kSweepBytes / (4 * K * 2)) * 4;
   const int64_t group = std::min(kFmaGroupRows, fit), whole = begin + (end - begin) / 4 * 4;
   thread_local std::vector<float> lane_sums;  // per worker thread, reused
-  lane_sums.resize(static_cast<size_t>(std::max<int64_t>(group, 4) * M * 16));
+  lane_sums.resize(static_cast<size_t>(group * M * 16));  // the last rows (< 4) fit too
   const LaneSums sums{lane_sums.data(), M};
   for (int64_t g = begin; g < whole; g += group) {
     const int64_t g_end = std::min(g + group, whole), next_end = std::min(g_end + group, whole);
@@ -718,11 +718,10 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
     STD_TORCH_CHECK(parts[i].w.K == K, "bf16_matmul_many: weights of different widths");
 #ifdef SPECSERVE_BF16_AVX512
   const void* xp = x;  // vdpbf16ps takes the bf16 pairs as they are
-  bool fma = false;    // the FMA pairs: x split once per call (per calling thread, reused)
-  thread_local std::vector<float> xs;
+  bool amx = false;
 #ifdef SPECSERVE_BF16_AMX
   // The tiles take each row block's pairs interleaved; per calling thread, reused.
-  const bool amx = K % kAmxK == 0 && amx_on();
+  amx = K % kAmxK == 0 && amx_on();
   thread_local std::vector<uint32_t> xi;
   if (amx) {
     xi.resize(static_cast<size_t>(M * K / 2));
@@ -730,9 +729,10 @@ void bf16_matmul_many(const uint16_t* x, int64_t M, const DenseMatmul* parts, in
                                        K / 2, kAmxRows);
   }
   const uint32_t* xip = xi.data();  // the worker threads have thread_locals of their own
-  if (!amx)
 #endif
-    fma = M >= kFmaFromRows && fma_pairs_on();
+  // The FMA pairs: x split once per call (per calling thread, reused).
+  const bool fma = !amx && M >= kFmaFromRows && fma_pairs_on();
+  thread_local std::vector<float> xs;
   if (fma) {
     xs.resize(static_cast<size_t>(M * padded_k(K)));
     split_odd_even(x, xs.data(), M, K);
