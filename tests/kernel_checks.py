@@ -77,15 +77,17 @@ def assert_int8_activations_switch_off(
     weight: torch.Tensor,
     env: pytest.MonkeyPatch,
     bound: float,
+    off_bound: float = 1e-5,
 ) -> None:
     """Int8 activations (the default) stay within ``bound`` of the exact product ``x @ weight.T``
     but not within fp32 rounding of it; ``SPECSERVE_INT8_ACTIVATIONS=0`` (set through ``env``,
-    a ``pytest.MonkeyPatch``) gives the exact product to fp32 rounding."""
+    a ``pytest.MonkeyPatch``) gives the exact product to ``off_bound`` (fp32 rounding; more
+    where that kernel rounds x too, as the AVX2 int4 kernel's int16 form)."""
     x = torch.randn(5, weight.shape[1], generator=torch.Generator().manual_seed(2))
     x = x.to(torch.bfloat16)
     exact = x.double() @ weight.double().T
     on = matmul(x.float(), packed).double()
     env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
     off = matmul(x.float(), packed).double()
-    assert float((off - exact).norm() / exact.norm()) < 1e-5
-    assert 1e-5 < float((on - exact).norm() / exact.norm()) < bound
+    assert float((off - exact).norm() / exact.norm()) < off_bound
+    assert off_bound < float((on - exact).norm() / exact.norm()) < bound

@@ -37,6 +37,13 @@ pytestmark = pytest.mark.skipif(
 Gemm = Callable[..., torch.Tensor]
 
 
+@pytest.fixture(autouse=True)
+def int16_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the int16 form of x (the variant's exact path); groups of a multiple
+    of 32 take int8 activations by default (test_int4_native.py checks those)."""
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+
+
 def _op_loaded() -> bool:
     try:
         torch.ops.specserve.int4_gemm  # noqa: B018 (the lookup raises when not registered)

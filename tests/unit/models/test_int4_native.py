@@ -262,7 +262,7 @@ def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch
 
 x8_kernel = pytest.mark.skipif(
     not int4_native.available() or not torch.ops.specserve.int4_int8_activations(),
-    reason="int8 activations need the AVX-512 kernel built with VNNI",
+    reason="int8 activations need the kernel built with AVX-512 VNNI or AVX2",
 )
 
 
@@ -310,15 +310,20 @@ def test_int8_activations_of_int4_groups_stay_near_the_exact_product_and_switch_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Near the exact product (within 1 %), not equal to it; ``SPECSERVE_INT8_ACTIVATIONS=0``
-    gives the exact product to fp32 rounding, and groups of 16 never take int8 activations."""
+    gives the exact product (to fp32 rounding; on AVX2 to the int16 form's rounding of the
+    smallest inputs), and groups of 16 never take int8 activations."""
+    # the AVX2 variant (the one with a one-row quantised path) keeps x as int16 steps
+    exact_bound = 1e-4 if int4_native.quantised_x() else 1e-5
     packed = pack(_weight(64, 1536, 64, seed=3))
-    assert_int8_activations_switch_off(matmul, packed, _as_packed(packed)[0], monkeypatch, 1e-2)
+    assert_int8_activations_switch_off(
+        matmul, packed, _as_packed(packed)[0], monkeypatch, 1e-2, exact_bound
+    )
     monkeypatch.delenv("SPECSERVE_INT8_ACTIVATIONS")
     sixteen = pack(_weight(48, 256, 16, seed=6))
     x = torch.randn(3, 256).to(torch.bfloat16)
     exact = x.double() @ _as_packed(sixteen)[0].T
     y = matmul(x.float(), sixteen).double()
-    assert float((y - exact).norm() / exact.norm()) < 1e-5
+    assert float((y - exact).norm() / exact.norm()) < exact_bound
 
 
 @x8_kernel

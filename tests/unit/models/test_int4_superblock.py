@@ -251,3 +251,40 @@ def test_the_default_files_q4_k_tensors_take_superblock_constants() -> None:
         ref8 = int8_activation_product(x, blocks.dequantize()[:2048], offsets)
         y8 = matmul(x.float(), p)
         assert float((y8.double() - ref8).norm() / ref8.norm()) < 1e-5
+
+
+def _q4_1_like(n: int, k: int, seed: int) -> Int4Weight:
+    """Groups of 32 with free fp32 constants (a Q4_1 block's form): no superblock factor."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.rand(n, k // 32, generator=gen) * 1e-2 + 1e-3
+    minimum = -8 * scale + torch.randn(n, k // 32, generator=gen) * 1e-3
+    nibbles = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    return Int4Weight(nibbles, scale, minimum, 32)
+
+
+def test_has_form_tells_q4_k_constants_from_free_ones() -> None:
+    assert int4_superblock.has_form(q4_k(40, 512, seed=8))
+    assert int4_superblock.has_form(q4_k(40, 512, seed=8, sign=-1, shared=4))
+    assert not int4_superblock.has_form(_q4_1_like(40, 512, seed=9))
+    w = q4_k(40, 512, seed=8)
+    sixty_four = Int4Weight(w.nibbles, w.scale[:, ::2], w.minimum[:, ::2], 64)
+    assert not int4_superblock.has_form(sixty_four)  # not Q4_K's sub-groups of 32
+
+
+@pytest.mark.skipif(not int4_native.available(), reason="needs the native int4 kernel")
+def test_a_files_q4_k_packed_per_group_takes_int8_x_on_avx2_only() -> None:
+    """``stored_linear`` keeps x exact for a file's Q4_0 / Q4_1 blocks everywhere and for its
+    Q4_K ones packed per group beside the AMX tiles; the AVX2 kernel (no superblock layout)
+    gives Q4_K the K-quants' int8 activations."""
+    from specserve.models.quant.stored import stored_linear
+
+    def native(w: Int4Weight) -> Int4Packed:
+        packed = stored_linear(w, None, torch.bfloat16, torch.device("cpu")).native
+        assert isinstance(packed, Int4Packed)
+        return packed
+
+    k_quant = native(q4_k(48, 512, seed=10))
+    if not k_quant.superblock_constants:
+        assert k_quant.exact_x != int4_native.quantised_x()
+    q4_1 = native(_q4_1_like(48, 512, seed=11))
+    assert q4_1.exact_x and not q4_1.superblock_constants

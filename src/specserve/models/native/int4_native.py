@@ -11,9 +11,12 @@ bf16 inputs is written as 16-bit integers times a power of two ``dx`` (the group
 input lies in [2^14, 2^15)·dx, so every input within 2^7 of it is exact and the others are off
 by at most 2^-16 of it), and ``dot(q, xq)`` is an exact integer sum (``vpmaddwd``):
 ``y = Σ_g scale·dx·dot(q, xq) + (c − 7.5·scale)·Σ_g x``. Both are exact up to fp32 rounding
-(and on AVX2 that last bit of the small inputs); ``scale`` and ``c`` are stored as fp16 (after
-a per-row power-of-two normalisation), which costs ~2e-4 relative error on the outputs, well
-under the bf16 rounding of the result (the torch int4 kernel keeps bf16 scales: ~8x coarser).
+(and on AVX2 that last bit of the small inputs). ``scale`` and ``c`` are stored as fp16
+(after a per-row power-of-two normalisation), which costs ~2e-4 relative error on the
+outputs, well under the bf16 rounding of the result (the torch int4 kernel keeps bf16 scales:
+~8x coarser). Groups of a multiple of 32 take int8 activations instead by default, on
+AVX-512 VNNI and on AVX2 (:func:`int8_activations`: x rounded per 32 inputs to
+``max |x| / 127`` steps).
 
 Batch invariance: every output ``(m, n)`` runs the same operations in the same order
 whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
@@ -324,10 +327,12 @@ def quantised_x() -> bool:
     """Whether one-row int4 matmuls of a weight with ``quantised_x`` (a draft model's,
     ``fused_layer.set_draft``) round x to int8 per group and multiply integer codes
     (``csrc/int4_gemv.cpp``: the AVX2 variant, where decoding the codes to fp32 costs more than
-    reading them). The outputs differ from the exact kernel's by about 0.6 %, which moves a
-    draft's proposals, never the target's tokens. False where the kernel is not available or
-    has no such one-row path (the AVX-512 variant: there all of a weight's calls take int8
-    activations or none, :func:`int8_activations`)."""
+    reading them) where the weight's calls do not all take int8 activations already
+    (:func:`int8_activations`: groups of a multiple of 32 while the switch is on). The
+    outputs differ from the exact kernel's by about 0.6 %, which moves a draft's proposals,
+    never the target's tokens. False where the kernel is not available or has no such
+    one-row path (the AVX-512 variant: there all of a weight's calls take int8 activations or
+    none)."""
     return available() and bool(torch.ops.specserve.int4_quantised_x())
 
 
@@ -340,9 +345,12 @@ def int8_activations() -> bool:
     ``csrc/int8_x.h``), the offsets' term (8 scales included) on the exact sums of x. A verify
     of 3-9 rows costs about 1.3-1.4x less than on bf16 activations with ``vdpbf16ps`` for the
     gguf 1.5B, about 2x less for the int4 format's (docs/benchmarks.md). The default where the
-    library was built with AVX-512 VNNI; ``SPECSERVE_INT8_ACTIVATIONS=0`` keeps bf16
-    activations (read on every call). A row's outputs are the same whatever the batch either
-    way, but differ between the two. False where the kernel is not available."""
+    library was built with AVX-512 VNNI, and on AVX2 for int4 groups (``vpmaddubsw`` on the
+    same rounding of x; there a GGUF file's Q4_K tensors are packed per group and take it
+    too, while the int8-group kernel's codes keep exact x); ``SPECSERVE_INT8_ACTIVATIONS=0``
+    keeps bf16 activations (on AVX2 the int16 form above; read on every call). A row's outputs
+    are the same whatever the batch either way, but differ between the two. False where the
+    kernel is not available."""
     return available() and bool(torch.ops.specserve.int4_int8_activations())
 
 

@@ -22,7 +22,7 @@ from specserve.models.native import huge_pages, int4_native, six_bit, superblock
 from specserve.models.native.tile_stream import BLOCK_BYTES, TILE_ROWS
 from specserve.models.quant.int4_weight import Int4Weight
 
-__all__ = ["GROUP", "pack", "packed_or_none", "preferred", "unpack"]
+__all__ = ["GROUP", "has_form", "pack", "packed_or_none", "preferred", "unpack"]
 
 SUPERBLOCK = int4_native.SUPERBLOCK  # inputs a superblock (256, the K-quants')
 GROUP = int4_native.SUPER_GROUP  # inputs a sub-group (32, Q4_K's)
@@ -53,6 +53,21 @@ def packed_or_none(weight: Int4Weight) -> int4_native.Int4Packed | None:
     row_scale = torch.ones(qweight.shape[0] * TILE_ROWS, dtype=torch.float32)
     return int4_native.Int4Packed(
         qweight, torch.empty(0, dtype=torch.float16), row_scale, codes.shape[0], GROUP
+    )
+
+
+def has_form(weight: Int4Weight) -> bool:
+    """Whether ``weight``'s constants have Q4_K's superblock form (what :func:`pack` needs:
+    sub-groups of 32, ``K`` a multiple of 256, every superblock's scales and minimums six-bit
+    codes over an fp16 factor), whatever layout this CPU's kernel reads: a GGUF file's Q4_K
+    tensors have it, its Q4_0 / Q4_1 ones in general not."""
+    n, k = weight.nibbles.shape[0], 2 * weight.nibbles.shape[1]
+    if weight.group_size != GROUP or k % SUPERBLOCK:
+        return False
+    return all(
+        _half_factor(values[start : start + _ROW_CHUNK].detach().cpu().float()) is not None
+        for values in (weight.scale, weight.minimum)
+        for start in range(0, n, _ROW_CHUNK)
     )
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from specserve.models.decoder import DecoderLM
-from specserve.models.native import fused_layer
+from specserve.models.native import fused_layer, int4_native, int4_superblock
 from specserve.models.quant.int4_weight import Int4Weight
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 from specserve.models.quant.layers import Int4Linear
@@ -98,8 +98,12 @@ def stored_linear(
     """The linear module computing ``weight`` (its native kernel where available)."""
     if isinstance(weight, Int4Weight):
         linear = Int4Linear(weight, bias, dtype, device)
-        if linear.native is not None and not linear.native.superblock_constants:
-            linear.native.exact_x = True  # the file's Q4_0 / Q4_1 blocks keep bf16 x
+        native = linear.native
+        if native is not None and not native.superblock_constants:
+            # the file's Q4_0 / Q4_1 blocks keep bf16 x, as do its Q4_K ones packed per group
+            # beside the AMX tiles; the AVX2 kernel (the one with a quantised one-row path) has
+            # no superblock layout, and there Q4_K takes int8 x as the K-quants do elsewhere
+            native.exact_x = not (int4_native.quantised_x() and int4_superblock.has_form(weight))
         return linear
     return Int8GroupLinear(weight, bias, dtype, device)
 

@@ -71,7 +71,9 @@
 // meets only the centred codes (q - 8), whose products' errors cancel as those of the weights
 // themselves do; the offsets' term, 8 s (or 0.5 s) included, keeps the exact sums of x (with
 // q itself, every rounding error of a group would add up times 7.5 s: twice the logits' error
-// on the 1.5B). Every row's arithmetic is again fixed, so rows stay batch invariant.
+// on the 1.5B). Every row's arithmetic is again fixed, so rows stay batch invariant. The AVX2
+// variant takes the same int8 activations for per-group constants in groups of a multiple of
+// 32 (run_block_x8, vpmaddubsw) with the same arithmetic.
 
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
@@ -165,6 +167,11 @@ struct Problem {
   const int8_t* xq = nullptr;  // [M, K]
   const float* xstep = nullptr;  // [M, K / 32]
   const int32_t* qsum = nullptr;  // [M, K / 16]: sums of xq per 16 inputs
+  // AVX2 (run_block_x8): the same rounding of x (quantise_rows_x8), each row's xq as the
+  // operands of vpmaddubsw, 32 bytes per block of 8 inputs [M, K / 8, 32], xstep as above, and
+  // 8 times the sum of xq per 32 inputs [M, K / 32].
+  const uint8_t* xops = nullptr;
+  const int32_t* xcentre = nullptr;
 };
 
 // Rows are processed in blocks of at most kMaxRows (balanced sizes); block i starts at row
@@ -411,7 +418,7 @@ struct X8Rows {
     for (int m = 0; m < MR; ++m) {
       xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
       xd[m] = p.xstep + (m0 + m) * nsub;
-      qs[m] = p.qsum + (m0 + m) * 2 * nsub;
+      xc[m] = p.xcentre + (m0 + m) * nsub;
     }
   }
 };
@@ -603,9 +610,11 @@ void run_range(const Problem& p, int64_t begin, int64_t end) {
 // (xq[k], xq[k + 1]) in every 32-bit lane, one vpmaddwd gives each of 8 rows the exact sum
 // q[row, k] xq[k] + q[row, k + 1] xq[k + 1].
 //
-// The activations run as integers, exactly where it matters: each row's group of G bf16
-// inputs is written xq[k] dx[m, g] with dx a power of two such that the group's largest
-// |x| lies in [2^14, 2^15) dx; xq = x / dx rounded to nearest even, an int16 (at most 32640).
+// Where int8 activations do not apply (groups of other sizes, a GGUF file's Q4_0 / Q4_1
+// blocks, SPECSERVE_INT8_ACTIVATIONS=0; else run_block_x8 below), the activations run as
+// integers, exactly where it matters: each row's group of G bf16 inputs is written
+// xq[k] dx[m, g] with dx a power of two such that the group's largest |x| lies in
+// [2^14, 2^15) dx; xq = x / dx rounded to nearest even, an int16 (at most 32640).
 // A bf16 input carries 8 significant bits, so every input within 2^7 of its group's largest
 // is exact; smaller ones are off by at most 2^-16 of the largest. Per output (m, n):
 //   for each group g:
@@ -982,6 +991,233 @@ void run_range_quantised(const Problem& p, const int8_t* xq, const float* dx,
   }
 }
 
+// ---- AVX2 on int8 activations (the int4 format's groups, gguf's Q4_K as groups of 32) ------
+//
+// Where int8_x_applies (per-group constants in groups of a multiple of 32, not a GGUF file's
+// Q4_0 / Q4_1 blocks) and int8_activations(), every call, of one row or many, rounds each
+// row's inputs per 32 as the AVX-512 VNNI variant does (step = max |x| / 127, xq = x / step
+// to nearest even: llama.cpp's Q8_0 rounding) and multiplies the codes with vpmaddubsw
+// (unsigned codes times signed xq, two products summed in a 16-bit lane: 32 products an
+// instruction where vpmaddwd takes 16, and the codes need no widening). Per sub-group j of
+// 32 inputs (4 blocks; at most 8 products of 2 x 15 x 127 in a lane, below 2^15) the 16-bit
+// sums widen to int32 once, and the arithmetic is the AVX-512 variant's (run_block_group_x8):
+//     isum = sum of q * xq - 8 * sum of xq     (exact in int32)
+//     acc = float(isum_j0) * step[m, j0];  acc = fma(float(isum_j), step[m, j], acc)
+//     y = fma(s, acc, y);  y = fma(fma(s, 0.5, c), xsum[m, g], y)
+// so both variants give the same fp32 sums. One row takes the same path as many: rows stay
+// batch invariant, and a draft's one-row calls need no quantiser of their own here.
+
+// Each row's inputs rounded per 32 (as quantise_x8 in int8_x.h) into vpmaddubsw operands: per
+// block of 8 inputs x0 .. x7, 16 bytes (x0 x1) x 4, (x2 x3) x 4 that pair with the block's
+// low nibbles, then 16 bytes (x4 x5) x 4, (x6 x7) x 4 for the high ones (the code layout:
+// bytes h * 8 + 2t + e of a 128-bit lane hold inputs k0 + 2h + e and k0 + 4 + 2h + e);
+// step [M, K / 32]; centre [M, K / 32] 8 times the sum of xq per 32 inputs.
+void quantise_rows_x8(const uint16_t* x, int64_t M, int64_t K, uint8_t* ops, float* step,
+                      int32_t* centre) {
+  constexpr int64_t kGroup = specserve_native::kInt8XGroup;
+  const int64_t nsub = K / kGroup;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+  const __m128i pairs_lo = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m128i pairs_hi = _mm_add_epi8(pairs_lo, _mm_set1_epi8(4));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < nsub; ++j) {
+      const int64_t at = m * K + j * kGroup;
+      __m256 v[4], top = _mm256_setzero_ps();
+      bool finite = true;
+      for (int i = 0; i < 4; ++i) {
+        v[i] = specserve_native::load_bf16x8(x + at + 8 * i);
+        const __m256 a = _mm256_and_ps(v[i], abs_mask);
+        // a NaN or an infinity fails the comparison
+        finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
+        top = _mm256_max_ps(top, a);
+      }
+      const float t = specserve_native::reduce_max(top);
+      uint8_t* o = ops + at * 4;
+      if (!finite || t == 0.0f) {
+        step[m * nsub + j] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        std::memset(o, 0, 4 * kGroup);
+        centre[m * nsub + j] = 0;
+        continue;
+      }
+      step[m * nsub + j] = t / 127.0f;
+      const __m256 inv = _mm256_set1_ps(127.0f / t);
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // even
+      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      centre[m * nsub + j] = 8 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+      for (int i = 0; i < 4; ++i) {  // block i: |xq| <= 127, so the packs are exact
+        const __m128i w16 =
+            _mm_packs_epi32(_mm256_castsi256_si128(q[i]), _mm256_extracti128_si256(q[i], 1));
+        const __m128i b8 = _mm_packs_epi16(w16, w16);  // x0 .. x7 in bytes 0 .. 7
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 * i), _mm_shuffle_epi8(b8, pairs_lo));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 * i + 16),
+                         _mm_shuffle_epi8(b8, pairs_hi));
+      }
+    }
+  }
+}
+
+// Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
+// m0, on the rows' int8 operands (quantise_rows_x8): the arithmetic above.
+template <int NT, int NH, int MR, bool kInline>
+void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
+  constexpr int64_t kSubBlocks = specserve_native::kInt8XGroup / kBlockK;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  // word t (rows 4L + t, inputs k0 + 2h, h = 0) and word 4 + t (h = 1) next to each other
+  const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                         0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const int64_t tile_scales = p.ngroups * 2 * kTile;
+  const int64_t nsub = p.K / specserve_native::kInt8XGroup;
+  const int64_t subs = p.blocks_per_group / kSubBlocks;
+
+  const uint8_t* w[NT];
+  const uint16_t* sc[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+    w[t] = p.qweight + (tile0 + t) * p.tile_bytes + 32 * h0;
+    sc[t] = kInline ? nullptr : p.scales + (tile0 + t) * tile_scales + 8 * h0;
+  }
+  const uint8_t* xo[MR];
+  const float* xd[MR];
+  const int32_t* xc[MR];
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) {
+    xo[m] = p.xops + (m0 + m) * p.K * 4;
+    xd[m] = p.xstep + (m0 + m) * nsub;
+    xc[m] = p.xcentre + (m0 + m) * nsub;
+    xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  }
+
+  __m256 y[NT][NH][MR];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+
+  int64_t j = 0;  // the next sub-group of 32 inputs
+  for (int64_t g = 0; g < p.ngroups; ++g) {
+    __m256 acc[NT][NH][MR];
+    for (int64_t i = 0; i < subs; ++i, ++j) {
+      __m256i a16[NT][NH][MR];
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m) a16[t][h][m] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (int64_t b = 0; b < kSubBlocks; ++b) {
+        __m256i lo[NT][NH], hi[NT][NH];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[t] + 32 * h));
+            lo[t][h] = _mm256_and_si256(v, low_mask);
+            hi[t][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
+          }
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          const __m256i xl = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xo[m] + 32 * b)));
+          const __m256i xh = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(xo[m] + 32 * b + 16)));
+#pragma GCC unroll 16
+          for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; ++h) {
+              a16[t][h][m] = _mm256_add_epi16(a16[t][h][m], _mm256_maddubs_epi16(lo[t][h], xl));
+              a16[t][h][m] = _mm256_add_epi16(a16[t][h][m], _mm256_maddubs_epi16(hi[t][h], xh));
+            }
+        }
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) w[t] += kBlockBytes;
+      }
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) {
+        xo[m] += 32 * kSubBlocks;
+        const __m256i centre = _mm256_set1_epi32(xc[m][j]);
+        const __m256 step = _mm256_set1_ps(xd[m][j]);
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            const __m256i wide = _mm256_madd_epi16(_mm256_shuffle_epi8(a16[t][h][m], order), ones);
+            const __m256 d = _mm256_cvtepi32_ps(_mm256_sub_epi32(wide, centre));
+            acc[t][h][m] = i == 0 ? _mm256_mul_ps(d, step) : _mm256_fmadd_ps(d, step, acc[t][h][m]);
+          }
+      }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) {
+      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
+      const uint16_t* c =
+          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
+#pragma GCC unroll 2
+      for (int h = 0; h < NH; ++h) {
+        const __m256 s =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
+        const __m256 mid = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
+        const __m256 bias = _mm256_fmadd_ps(s, half, mid);
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) {
+          y[t][h][m] = _mm256_fmadd_ps(s, acc[t][h][m], y[t][h][m]);
+          y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
+        }
+      }
+      if constexpr (kInline) {
+        w[t] += kBlockBytes;
+      } else {
+        sc[t] += 2 * kTile;
+      }
+    }
+  }
+
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h) {
+      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
+      const int64_t valid = std::min<int64_t>(8, p.N - n0);
+      if (valid <= 0) continue;
+      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
+    }
+  }
+}
+
+// Tiles [begin, end), all rows, on int8 operands: two tiles at once for 1 row, both halves for
+// 2 rows, else one half at a time (as run_range and run_rows).
+constexpr int64_t kMaxRowsX8 = 4;  // rows of a register block on int8 operands
+
+template <bool kInline>
+void run_range_x8(const Problem& p, int64_t begin, int64_t end) {
+  int64_t t = begin;
+  if (p.M == 1) {
+    for (; t + 2 <= end; t += 2) run_block_x8<2, 2, 1, kInline>(p, t, 0, 0);
+  }
+  const int64_t nblocks = specserve_native::num_row_blocks(p.M, kMaxRowsX8);
+  for (; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = specserve_native::row_block_start(p.M, kMaxRowsX8, i);
+      const int64_t rows = specserve_native::row_block_start(p.M, kMaxRowsX8, i + 1) - m0;
+      specserve_native::with_rows<kMaxRowsX8>(rows, [&](auto mr) {
+        run_block_x8<1, 2, decltype(mr)::value, kInline>(p, t, 0, m0);
+      });
+    }
+  }
+}
+
 #endif  // SPECSERVE_INT4_AVX2
 
 // xsum[m, g] = sum of the group's inputs (bf16 -> fp32), in a fixed order per row.
@@ -1136,7 +1372,7 @@ void int4_matmul(const uint16_t*, int64_t, const PackedWeight&, void*, bool) {
 
 bool cpu_supported() { return cpu_missing().empty(); }
 
-#ifdef SPECSERVE_INT4_X8
+#if defined(SPECSERVE_INT4_X8) || defined(SPECSERVE_INT4_AVX2)
 // Whether w takes int8 activations: superblock constants, or per-group constants in groups of
 // a multiple of 32 unless the caller keeps x exact (kExactX: a GGUF file's Q4_0 / Q4_1).
 bool int8_x_applies(const PackedWeight& w) {
@@ -1161,9 +1397,11 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   }
   Problem p;
 #ifdef SPECSERVE_INT4_AVX2
-  // the AVX-512 variant has no one-row-only path: all of a weight's calls take int8
-  // activations (int8_x_applies) or none
-  const bool quantised = M == 1 && (w.tiles & kQuantisedX) != 0;
+  // every call on int8 activations where they apply (run_block_x8); else a draft's one-row
+  // calls may round x per group (run_range_quantised). The AVX-512 variant has no one-row-only
+  // path: all of a weight's calls take int8 activations (int8_x_applies) or none.
+  const bool x8 = int8_x_applies(w) && specserve_native::int8_activations();
+  const bool quantised = !x8 && M == 1 && (w.tiles & kQuantisedX) != 0;
 #endif
 #ifdef SPECSERVE_INT4_AVX512
   std::vector<uint32_t> xi;
@@ -1194,12 +1432,22 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #else
   STD_TORCH_CHECK(w.super_form == 0, "int4 kernel (", kVariant,
                   "): superblock constants need the AVX-512 BF16 / GFNI kernel");
-  STD_TORCH_CHECK(quantised || w.group_size <= kMaxGroupI16, "int4 kernel (", kVariant,
+  const bool exact = !quantised && !x8;  // the int16 form (quantise_rows)
+  STD_TORCH_CHECK(!exact || w.group_size <= kMaxGroupI16, "int4 kernel (", kVariant,
                   "): group_size ", w.group_size, " is above ", kMaxGroupI16);
-  std::vector<uint32_t> pairs(static_cast<size_t>(quantised ? 0 : M * K / 2)), xi;
-  std::vector<float> dxr(static_cast<size_t>(quantised ? 0 : M * ngroups));
-  if (!quantised) quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
-  if (M > 1) {  // one row is its own interleaving
+  std::vector<uint32_t> pairs(static_cast<size_t>(exact ? M * K / 2 : 0)), xi;
+  std::vector<float> dxr(static_cast<size_t>(exact ? M * ngroups : 0));
+  if (exact) quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
+  std::vector<uint8_t> x8ops(static_cast<size_t>(x8 ? M * K * 4 : 0));
+  std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / specserve_native::kInt8XGroup : 0));
+  std::vector<int32_t> x8centre(x8step.size());
+  if (x8) {
+    quantise_rows_x8(x, M, K, x8ops.data(), x8step.data(), x8centre.data());
+    p.xops = x8ops.data();
+    p.xstep = x8step.data();
+    p.xcentre = x8centre.data();
+  }
+  if (exact && M > 1) {  // one row is its own interleaving
     xi.resize(pairs.size());
     specserve_native::interleave_pairs(pairs.data(), xi.data(), M, K / 2, kMaxRows);
   }
@@ -1240,6 +1488,14 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
 #ifdef SPECSERVE_INT4_AVX2
+    if (x8) {
+      const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
+      if (p.inline_constants)
+        run_range_x8<true>(p, first, last);
+      else
+        run_range_x8<false>(p, first, last);
+      return;
+    }
     if (quantised) {
       const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
       if (p.inline_constants)
@@ -1341,7 +1597,7 @@ bool int4_quantised_x() {
 // Whether weights with superblock constants, or per-group ones in groups of a multiple of 32,
 // multiply int8 activations now (int8_activations).
 bool int4_int8_activations() {
-#ifdef SPECSERVE_INT4_X8
+#if defined(SPECSERVE_INT4_X8) || defined(SPECSERVE_INT4_AVX2)
   return specserve_native::int8_activations();
 #else
   return false;

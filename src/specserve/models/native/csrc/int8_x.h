@@ -1,7 +1,8 @@
 // Int8 activations for the quantised matmuls on AVX-512 VNNI (int4_gemv.cpp's kernels for
 // Q4_K and for the int4 format's groups, int8_gemv.cpp's Q6_K one): each row of x rounded per
 // 32 inputs to int8 steps, so that a weight's integer codes multiply it with vpdpbusd (64 byte
-// products an instruction, summed exactly in int32; vdpbf16ps takes 32 bf16 ones).
+// products an instruction, summed exactly in int32; vdpbf16ps takes 32 bf16 ones). The AVX2
+// int4 kernel rounds x the same way for its groups (its own quantiser, int4_gemv.cpp).
 #pragma once
 
 #include <immintrin.h>
@@ -11,17 +12,14 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
-    defined(__AVX512VNNI__)
-#define SPECSERVE_INT8_X 1
-
 namespace specserve_native {
 
 constexpr int64_t kInt8XGroup = 32;  // inputs sharing one step
 
 // Whether weights with superblock constants (the K-quants' Q4_K and Q6_K) and int4 weights
 // with per-group constants in groups of a multiple of 32 multiply int8 activations (the
-// default where the build has AVX-512 VNNI) or bf16 ones (SPECSERVE_INT8_ACTIVATIONS=0).
+// default where the build has AVX-512 VNNI, or AVX2 for the int4 kernel's groups) or bf16
+// ones (SPECSERVE_INT8_ACTIVATIONS=0).
 // Read on every call, like sweep_prefetch() in simd.h, so that a benchmark can alternate both
 // in one process; unlike it, the switch changes the outputs (each row's the same way whatever
 // the batch).
@@ -29,6 +27,14 @@ inline bool int8_activations() {
   const char* v = std::getenv("SPECSERVE_INT8_ACTIVATIONS");
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
+
+}  // namespace specserve_native
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define SPECSERVE_INT8_X 1
+
+namespace specserve_native {
 
 // Each row of x [M, K] (bf16) as int8 per group of 32 inputs: step = max |x| / 127 (0 for an
 // all-zero group, NaN where the group holds a NaN or an infinity), xq = x / step rounded to
