@@ -257,9 +257,8 @@ def describe(model: DecoderLM) -> str:
         if fused.op == "bf16_decoder_layer":
             return f"native {fused.op} on {bf16_native.describe_kernel()}{bf16_stream}"
         mode = cast("int", fused.args[-1])
-        kind = int4_native.int8_activation_kind(model)
-        one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x() and not kind
-        x8 = f", {kind} on int8 x" if kind else ""
+        one_row_x8 = fused.short_mode & QUANTISED_X and int4_native.quantised_x()
+        x8 = f", {k} on int8 x" if (k := int4_native.int8_activation_kind(model)) else ""
         x8 += (", x in int8 for one-row int4 matmuls" if one_row_x8 else "") + bf16_stream
         if mode & TILES_MASK == TILES_SWITCHED and int4_native.amx_tiles():
             return f"native {fused.op} on AMX tiles{x8}"

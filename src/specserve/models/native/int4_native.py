@@ -327,8 +327,8 @@ def quantised_x() -> bool:
     """Whether one-row int4 matmuls of a weight with ``quantised_x`` (a draft model's,
     ``fused_layer.set_draft``) round x to int8 per group and multiply integer codes
     (``csrc/int4_gemv.cpp``: the AVX2 variant, where decoding the codes to fp32 costs more than
-    reading them) where the weight's calls do not all take int8 activations already
-    (:func:`int8_activations`: groups of a multiple of 32 while the switch is on). The
+    reading them), also where the weight's other calls take int8 activations
+    (:func:`int8_activations`: there rounded per 32 inputs, a path slower at one row). The
     outputs differ from the exact kernel's by about 0.6 %, which moves a draft's proposals,
     never the target's tokens. False where the kernel is not available or has no such
     one-row path (the AVX-512 variant: there all of a weight's calls take int8 activations or
