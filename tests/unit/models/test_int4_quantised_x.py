@@ -183,4 +183,3 @@ def test_set_draft_routes_a_drafts_one_row_calls(monkeypatch: pytest.MonkeyPatch
     # and where the kernel multiplies int8 activations (AVX-512 VNNI), every call of its groups
     expected += ", int4 groups on int8 x" if int4_native.int8_activations() else ""
     assert fused_layer.describe(model) == expected
-
