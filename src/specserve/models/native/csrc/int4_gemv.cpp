@@ -418,7 +418,7 @@ struct X8Rows {
     for (int m = 0; m < MR; ++m) {
       xr[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
       xd[m] = p.xstep + (m0 + m) * nsub;
-      xc[m] = p.xcentre + (m0 + m) * nsub;
+      qs[m] = p.qsum + (m0 + m) * 2 * nsub;
     }
   }
 };
@@ -710,6 +710,26 @@ inline void store_half(const Problem& p, int64_t m, int64_t n0, int64_t valid, _
   }
 }
 
+// A group's constants for half h of a tile's [h0, h0 + NH) (s and the midpoint c, fp32): inline,
+// the block after the group's codes (w, at its tile's stream, is 32 * h0 into it), or at sc.
+template <bool kInline>
+inline void half_constants(const uint8_t* w, const uint16_t* sc, int h0, int h, __m256& s,
+                           __m256& mid) {
+  const uint16_t* c = kInline ? reinterpret_cast<const uint16_t*>(w - 32 * h0) + 8 * h0 : sc;
+  s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
+  mid = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
+}
+
+// Past a group's constants: the inline block, or the tile's constants apart.
+template <bool kInline>
+inline void next_group(const uint8_t*& w, const uint16_t*& sc) {
+  if constexpr (kInline) {
+    w += kBlockBytes;
+  } else {
+    sc += 2 * kTile;
+  }
+}
+
 // Tiles [tile0, tile0 + NT), halves [h0, h0 + NH) of each, for the MR rows of the row block at
 // m0: the arithmetic above. The loop over the 4 input pairs c of a block is outermost; each
 // (tile, half) keeps its code vector of the block's low or high nibbles in a register, and
@@ -791,15 +811,10 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
-      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
-      const uint16_t* c =
-          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
-        const __m256 s =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
-        const __m256 mid = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
+        __m256 s, mid;
+        half_constants<kInline>(w[t], sc[t], h0, h, s, mid);
         const __m256 bias = _mm256_fmadd_ps(s, offset, mid);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
@@ -808,26 +823,11 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      if constexpr (kInline) {
-        w[t] += kBlockBytes;
-      } else {
-        sc[t] += 2 * kTile;
-      }
+      next_group<kInline>(w[t], sc[t]);
     }
   }
 
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) {
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) {
-      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
-      const int64_t valid = std::min<int64_t>(8, p.N - n0);
-      if (valid <= 0) continue;
-      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
-    }
-  }
+  specserve_native::store_halves<NT, NH, MR>(p, tile0, h0, m0, y);
 }
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows): both halves at
@@ -1158,15 +1158,10 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     }
 #pragma GCC unroll 16
     for (int t = 0; t < NT; ++t) {
-      // the group's constants: inline, the block after its codes (w[t] is 32 * h0 into it)
-      const uint16_t* c =
-          kInline ? reinterpret_cast<const uint16_t*>(w[t] - 32 * h0) + 8 * h0 : sc[t];
 #pragma GCC unroll 2
       for (int h = 0; h < NH; ++h) {
-        const __m256 s =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 8 * h)));
-        const __m256 mid = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(c + kTile + 8 * h)));
+        __m256 s, mid;
+        half_constants<kInline>(w[t], sc[t], h0, h, s, mid);
         const __m256 bias = _mm256_fmadd_ps(s, half, mid);
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
@@ -1174,26 +1169,11 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           y[t][h][m] = _mm256_fmadd_ps(bias, _mm256_broadcast_ss(xs[m] + g), y[t][h][m]);
         }
       }
-      if constexpr (kInline) {
-        w[t] += kBlockBytes;
-      } else {
-        sc[t] += 2 * kTile;
-      }
+      next_group<kInline>(w[t], sc[t]);
     }
   }
 
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) {
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) {
-      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
-      const int64_t valid = std::min<int64_t>(8, p.N - n0);
-      if (valid <= 0) continue;
-      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
-    }
-  }
+  specserve_native::store_halves<NT, NH, MR>(p, tile0, h0, m0, y);
 }
 
 // Tiles [begin, end), all rows, on int8 operands: two tiles at once for 1 row, both halves for

@@ -349,18 +349,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
     if constexpr (kInlineConstants) next_block<NT>(p, w, ahead);  // past the constants block
   }
 
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) {
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h) {
-      const int64_t n0 = (tile0 + t) * kTile + 8 * (h0 + h);
-      const int64_t valid = std::min<int64_t>(8, p.N - n0);
-      if (valid <= 0) continue;
-      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
-    }
-  }
+  specserve_native::store_halves<NT, NH, MR>(p, tile0, h0, m0, y);
 }
 
 #ifdef __AVX512F__

@@ -215,6 +215,27 @@ inline __m256 exp_ps(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
 }
 
+// The 8-lane kernels' outputs: for tiles [tile0, tile0 + NT) of 16 rows, halves [h0, h0 + NH)
+// of 8 rows each, and the MR rows of x at m0, y times the rows' p.row_scale, written by the
+// kernel's own store_half(p, m, n0, valid, v) (found by argument-dependent lookup: each kernel
+// file has its Problem and store_half); rows past p.N are not written.
+template <int NT, int NH, int MR, class P>
+inline void store_halves(const P& p, int64_t tile0, int h0, int64_t m0,
+                         const __m256 (&y)[NT][NH][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h) {
+      const int64_t n0 = (tile0 + t) * 16 + 8 * (h0 + h);
+      const int64_t valid = p.N - n0 < 8 ? p.N - n0 : 8;
+      if (valid <= 0) continue;
+      const __m256 r = _mm256_loadu_ps(p.row_scale + n0);
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) store_half(p, m0 + m, n0, valid, _mm256_mul_ps(y[t][h][m], r));
+    }
+  }
+}
+
 // Lanes i < n (0 <= n <= 8) all ones, the others zero: the mask of a tail of n values.
 inline __m256 tail_mask(int64_t n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
