@@ -1044,7 +1044,8 @@ void quantise_rows_x8(const uint16_t* x, int64_t M, int64_t K, uint8_t* ops, flo
       const __m256 inv = _mm256_set1_ps(127.0f / t);
       __m256i q[4];
       for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // even
-      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      const __m256i s =
+          _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
       const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
       const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
       centre[m * nsub + j] = 8 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
@@ -1176,8 +1177,10 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   specserve_native::store_halves<NT, NH, MR>(p, tile0, h0, m0, y);
 }
 
-// Tiles [begin, end), all rows, on int8 operands: two tiles at once for 1 row, both halves for
-// 2 rows, else one half at a time (as run_range and run_rows).
+// Tiles [begin, end), all rows, on int8 operands: two tiles at once for 1 row, else one tile
+// at a time, each row block of at most kMaxRowsX8 rows over both halves (each x operand read
+// once for 16 output rows; blocks of up to 5 rows one half at a time, the int16 kernels'
+// blocking, ran at about a third of vpmaddubsw's rate on a Zen 3 host).
 constexpr int64_t kMaxRowsX8 = 4;  // rows of a register block on int8 operands
 
 template <bool kInline>
