@@ -93,6 +93,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -760,21 +761,11 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   // (xq[m0 + m, k], xq[m0 + m, k + 1]) at xk[k / 2 * MR + m]
 
   __m256 y[NT][NH][MR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+  specserve_native::set_zero(y);
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
     __m256i acc[NT][NH][MR];
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-      for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) acc[t][h][m] = _mm256_setzero_si256();
+    specserve_native::set_zero(acc);
     for (int64_t b = 0; b < p.blocks_per_group; ++b) {
 #pragma GCC unroll 2
       for (int nib = 0; nib < 2; ++nib) {  // low nibbles: k0 .. k0 + 3, high: k0 + 4 .. k0 + 7
@@ -1096,24 +1087,14 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   }
 
   __m256 y[NT][NH][MR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+  specserve_native::set_zero(y);
 
   int64_t j = 0;  // the next sub-group of 32 inputs
   for (int64_t g = 0; g < p.ngroups; ++g) {
     __m256 acc[NT][NH][MR];
     for (int64_t i = 0; i < subs; ++i, ++j) {
       __m256i a16[NT][NH][MR];
-#pragma GCC unroll 16
-      for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-        for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-          for (int m = 0; m < MR; ++m) a16[t][h][m] = _mm256_setzero_si256();
+      specserve_native::set_zero(a16);
 #pragma GCC unroll 1
       for (int64_t b = 0; b < kSubBlocks; ++b) {
         __m256i lo[NT][NH], hi[NT][NH];
@@ -1422,12 +1403,14 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   std::vector<uint32_t> pairs(static_cast<size_t>(exact ? M * K / 2 : 0)), xi;
   std::vector<float> dxr(static_cast<size_t>(exact ? M * ngroups : 0));
   if (exact) quantise_rows(x, pairs.data(), dxr.data(), M, K, w.group_size);
-  std::vector<uint8_t> x8ops(static_cast<size_t>(x8 ? M * K * 4 : 0));
+  // every byte is written by quantise_rows_x8: no zero-filling on this per-call path
+  const size_t x8bytes = static_cast<size_t>(x8 ? M * K * 4 : 0);
+  std::unique_ptr<uint8_t[]> x8ops(x8bytes > 0 ? new uint8_t[x8bytes] : nullptr);
   std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / specserve_native::kInt8XGroup : 0));
   std::vector<int32_t> x8centre(x8step.size());
   if (x8) {
-    quantise_rows_x8(x, M, K, x8ops.data(), x8step.data(), x8centre.data());
-    p.xops = x8ops.data();
+    quantise_rows_x8(x, M, K, x8ops.get(), x8step.data(), x8centre.data());
+    p.xops = x8ops.get();
     p.xstep = x8step.data();
     p.xcentre = x8centre.data();
   }

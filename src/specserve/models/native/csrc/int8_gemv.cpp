@@ -271,12 +271,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const float* xk = p.xf + m0 * p.K;  // x[m0 + m, k] at xk[k * MR + m]
 
   __m256 y[NT][NH][MR];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) y[t][h][m] = _mm256_setzero_ps();
+  specserve_native::set_zero(y);
 
   // One block of 4 inputs for every tile: `blocks[t]` is tile t's block (byte codes).
   __m256 acc[NT][NH][MR];
@@ -299,12 +294,7 @@ void run_block(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   };
 
   for (int64_t g = 0; g < p.ngroups; ++g) {
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 2
-      for (int h = 0; h < NH; ++h)
-#pragma GCC unroll 16
-        for (int m = 0; m < MR; ++m) acc[t][h][m] = _mm256_setzero_ps();
+    specserve_native::set_zero(acc);
     if constexpr (kSix) {
       alignas(64) int8_t unpacked[NT][4 * kBlockBytes];
       for (int64_t u = 0; u < p.blocks_per_group / 4; ++u) {

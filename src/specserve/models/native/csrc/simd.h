@@ -215,6 +215,18 @@ inline __m256 exp_ps(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(2.0f));
 }
 
+// Every vector of an accumulator array of the 8-lane kernels ([tiles][halves][rows]) set to
+// zero.
+template <class V, int NT, int NH, int MR>
+inline void set_zero(V (&v)[NT][NH][MR]) {
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) v[t][h][m] = V{};
+}
+
 // The 8-lane kernels' outputs: for tiles [tile0, tile0 + NT) of 16 rows, halves [h0, h0 + NH)
 // of 8 rows each, and the MR rows of x at m0, y times the rows' p.row_scale, written by the
 // kernel's own store_half(p, m, n0, valid, v) (found by argument-dependent lookup: each kernel
