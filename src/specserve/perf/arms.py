@@ -7,7 +7,9 @@ measured side by side.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -239,13 +241,27 @@ def run_interleaved(
 
 
 def paired_ratio(arm: ArmResult, reference: ArmResult, prompt: int) -> float | None:
-    """Median over the rounds of the arm's speed divided by the reference's in the same
-    round (the two ran seconds apart); None without rounds on both."""
+    """The arm's speed against the reference's, from the rounds' ratios (the two ran seconds
+    apart in each round); None without rounds on both.
+
+    ``run_interleaved`` reverses the arms' order every other round, so two adjacent rounds ran
+    the pair in opposite orders: the geometric mean of their two ratios cancels a host speed
+    that drifts steadily over the pair, which favours whichever arm runs second (in a
+    ``--rounds 9`` run on the AVX2 host, while the host sped up over the run, the second arm
+    of a round was the faster in 7 rounds of 9, and the median of the single rounds' ratios
+    moved by the few per cent that decide a 0.97x floor). The result is the median of those
+    means over every adjacent pair of rounds; with one round, its ratio.
+    """
     mine, ref = arm.round_tok_per_s, reference.round_tok_per_s
     if len(mine) <= prompt or len(ref) <= prompt:
         return None
-    pairs = [a / b for a, b in zip(mine[prompt], ref[prompt], strict=True) if b > 0]
-    return statistics.median(pairs) if pairs else None
+    ratios = [a / b if b > 0 else None for a, b in zip(mine[prompt], ref[prompt], strict=True)]
+    if len(ratios) == 1:
+        return ratios[0]
+    means = [
+        math.sqrt(x * y) for x, y in itertools.pairwise(ratios) if x is not None and y is not None
+    ]
+    return statistics.median(means) if means else None
 
 
 def hf_from_decoder(model: DecoderLM):  # type: ignore[no-untyped-def]

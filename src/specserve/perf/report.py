@@ -87,9 +87,9 @@ def print_paired_ratios(
 ) -> None:
     """With ``--rounds`` > 1: each arm against the specserve plain arm it alternated with (its
     group's), and, where llama.cpp's arms alternated with ours, each arm of that group against
-    llama.cpp plain too: the median over the rounds of the ratio within a round (the arms of
-    a prompt run back to back), which a host's drifting speed moves less than the ratio of
-    medians in the table."""
+    llama.cpp plain too: from the ratios within the rounds (the arms of a prompt run back to
+    back), the median over adjacent rounds of their geometric mean (``paired_ratio``), which a
+    host's drifting speed moves less than the ratio of medians in the table."""
     llama = _plain_row(results, "llama.cpp")
     references = [("plain of its format", lambda r: plain_by_fmt.get(r.group))]
     if llama is not None and llama.round_tok_per_s:
@@ -107,7 +107,8 @@ def print_paired_ratios(
             continue
         rounds = len(next(r for r in results if r.round_tok_per_s).round_tok_per_s[0])
         print()
-        print(f"× {label}, median of the {rounds} rounds' ratios (arms back to back):")
+        how = "the ratio" if rounds == 1 else f"median over {rounds} rounds of adjacent pairs"
+        print(f"× {label}, {how} (arms back to back, order reversed each round):")
         print("| arm | " + " | ".join(names) + " |")
         print("\n".join(rows))
 

@@ -4,6 +4,7 @@ token, quality measures, the prompts, the CLI registration, and the batching ben
 from __future__ import annotations
 
 import ast
+import math
 import sys
 from pathlib import Path
 
@@ -168,11 +169,39 @@ def test_rounds_interleave_the_arms_and_keep_each_arms_median_run() -> None:
     assert [x.name for x in out] == ["a", "b"]
     assert out[0].decode_s == [3.0, 7.0] and out[1].decode_s == [5.0, 3.0]
     assert out[0].token_ids == [[0, 7], [1, 8]]
-    # Within each round a's prompt 0 ran 5/3, 6/2, 2/8 times b's speed: median 5/3.
-    assert arms.paired_ratio(out[0], out[1], 0) == pytest.approx(5 / 3)
+    # Within each round a's prompt 0 ran 5/3, 6/2, 2/8 times b's speed; adjacent rounds
+    # (opposite orders) give sqrt(5/3 * 3) and sqrt(3 * 1/4): their median is their mean.
+    expected = (math.sqrt(5.0) + math.sqrt(0.75)) / 2
+    assert arms.paired_ratio(out[0], out[1], 0) == pytest.approx(expected)
     assert arms.paired_ratio(out[0], ArmResult("no rounds"), 0) is None
     with pytest.raises(ValueError, match="rounds"):
         arms.run_interleaved([arm("a")], [[7]], rounds=0)
+
+
+def test_paired_ratio_cancels_a_host_that_speeds_up_over_each_round() -> None:
+    """Two arms of equal speed on a host 20 % faster for whichever runs second, and faster
+    from round to round: adjacent rounds ran the pair in opposite orders, so their mean
+    ratio is 1; the median of the single rounds' ratios (5 rounds: three with a first)
+    would say 1.2."""
+    calls: list[str] = []
+    clock = iter(range(100))
+
+    def arm(name: str) -> arms.InProcessArm:
+        def run(i: int, ids: list[int]) -> GenerationResult:
+            calls.append(name)
+            speed = 1.2 ** next(clock)  # every decode 20 % faster than the one before
+            return _result([i, *ids, 0], 1.0 / speed)
+
+        return arms.InProcessArm(name, run)
+
+    out = arms.run_interleaved([arm("b"), arm("a")], [[7]], rounds=5)
+    assert calls[:4] == ["b", "a", "a", "b"]
+    a_speeds, b_speeds = out[1].round_tok_per_s[0], out[0].round_tok_per_s[0]
+    single = [x / y for x, y in zip(a_speeds, b_speeds, strict=True)]
+    assert sorted(single) == pytest.approx([1 / 1.2] * 2 + [1.2] * 3)
+    assert arms.paired_ratio(out[1], out[0], 0) == pytest.approx(1.0)
+    one = arms.run_interleaved([arm("b"), arm("a")], [[7]], rounds=1)
+    assert arms.paired_ratio(one[1], one[0], 0) == pytest.approx(1.2)
 
 
 def test_rounds_flag_is_checked() -> None:
