@@ -17,9 +17,9 @@ def spy_costs_and_catch_ups(
     catch_ups: list[int] = []
     record, propose = controller.record_cost, proposer.propose
 
-    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size=1, step_s=None):  # type: ignore[no-untyped-def]
+    def spy(draft_s, num_draft_steps, verify_s, num_verified_tokens, **kwargs):  # type: ignore[no-untyped-def]
         recorded.append((draft_s, num_draft_steps, num_verified_tokens))
-        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size, step_s)
+        record(draft_s, num_draft_steps, verify_s, num_verified_tokens, **kwargs)
 
     def watch(batch):  # type: ignore[no-untyped-def]
         out = propose(batch)

@@ -158,11 +158,14 @@ def record_cost(
     scheduled: list[ScheduledRequest],
     proposals: list[Proposal],
     stats: StepStats,
+    num_step_tokens: int | None = None,
 ) -> None:
     """Feed the k controller (and a proposer that weighs costs, ``report_verify_time``) the
-    measured costs of a pure decode/verify step (a step with a
-    prefill chunk says nothing about decode cost, so it is not recorded; nor does the draft
-    time of a propose call that caught up a lane left behind by k = 0 steps)."""
+    measured costs of a pure decode/verify step (a step with a prefill chunk says nothing
+    about decode cost, so it is not recorded; nor does the draft time of a propose call that
+    caught up a lane left behind by k = 0 steps). ``num_step_tokens``: the token rows its
+    forward ran, padding included (``ModelRunner.last_num_tokens``; None: every request
+    padded to the longest)."""
     if any(sr.num_new_tokens != 1 for sr in scheduled):
         return
     report_verify_time(proposer, stats.verify_s)
@@ -177,4 +180,5 @@ def record_cost(
         num_draft_steps + 1,
         batch_size=len(scheduled),
         step_s=stats.draft_s + stats.verify_s,
+        num_step_tokens=num_step_tokens,
     )

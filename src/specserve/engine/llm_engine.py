@@ -246,8 +246,9 @@ class LLMEngine:
             stats.verify_s = time.perf_counter() - t0
             outputs = self._commit(sched.scheduled, proposals, sampled, stats)
             drafting.record_cost(
-                self.k_controller, self.proposer, sched.scheduled, proposals, stats
-            )
+                self.k_controller, self.proposer, sched.scheduled, proposals, stats,
+                self.runner.last_num_tokens,
+            )  # fmt: skip
             live = [req for req in prompted if req.request_id in self.requests]
             reading = [req for req in self.scheduler.running if req.draft_reading]
             drafting.read_prompts(

@@ -5,6 +5,19 @@ decoder takes a padded batch (``# [B, T]`` tokens, ``# [B, S]`` context slots), 
 long prefill chunk with many 1..k+1-token decode rows would pad every decode row to the chunk's
 length. The runner therefore branches once, at the top: decode/verify rows (every token needs
 logits) run in one forward, prefill rows in another.
+
+Decode/verify rows of different lengths (requests that drafted different k) would still pad
+each to the longest, and on the native layer path (``DecoderLM.fused_layers``, a CPU) a padded
+token costs what a real one does: one request verifying 6 tokens beside three plain ones ran
+as 24 tokens, not 9, where several-token forwards are compute bound (a CPU's verify, nearly
+linear in the tokens at batch 4). There the runner gives each token of such rows a row of
+its own instead (*ragged* rows): a one-token row at the token's position, attending to the
+request's cache up to that position, whose keys and values the same forward writes before
+any row attends (as a multi-token row's later tokens see its earlier ones). A token's bits do
+not depend on its row's grouping on that path (``fused_layer.py``: rows batch invariant, the
+attention's grouping free), so the output is unchanged; only padding goes. The eager path
+keeps the padded form: it gathers each row's context into a tensor of its own, which rows per
+token would multiply.
 """
 
 from __future__ import annotations
@@ -62,6 +75,9 @@ class ModelRunner:
         # states): after execute, the captured hidden states of every token of each row, in
         # row order, ``# [len(token_ids), num_captured * hidden]`` each.
         self.last_hidden: list[torch.Tensor] = []
+        # Token rows the last execute ran through the model, padding included: what its time
+        # depends on (the k controller's step size).
+        self.last_num_tokens = 0
 
     def _metadata(self, rows: Sequence[ForwardRow]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Padded ``input_ids # [B, T]`` and metadata; padding goes to scratch slot 0."""
@@ -90,10 +106,30 @@ class ModelRunner:
         )
         return ids.to(dev, non_blocking=True), meta
 
+    def _ragged(self, rows: Sequence[ForwardRow]) -> bool:
+        """Whether decode/verify ``rows`` run as one-token rows (module docstring): on the
+        native layer path, where their lengths differ."""
+        return self.model.fused_layers and len({len(r.token_ids) for r in rows}) > 1
+
+    def _forward_ragged(
+        self, rows: Sequence[ForwardRow]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """:meth:`_forward` of decode/verify rows, each token as a one-token row."""
+        singles = [
+            ForwardRow([tok], r.start + j, r.block_table, 1)
+            for r in rows
+            for j, tok in enumerate(r.token_ids)
+        ]
+        logits, captured = self._forward(singles)
+        sizes = [len(r.token_ids) for r in rows]
+        per_row = [torch.cat(part) for part in _split(logits, sizes)]
+        return per_row, [torch.cat(part) for part in _split(captured, sizes)] if captured else []
+
     def _forward(self, rows: Sequence[ForwardRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Run one padded forward; the logits ``# [num_logit_rows_i, V]`` of each row, and its
         captured hidden states (see :attr:`last_hidden`; empty without capture)."""
         ids, meta = self._metadata(rows)
+        self.last_num_tokens += ids.numel()
         captured: list[torch.Tensor] = []
         if self.model.capture_layers:
             hidden, aux = self.model.forward_with_hidden(ids, meta, self.kv)
@@ -122,9 +158,12 @@ class ModelRunner:
         prefill_idx = [i for i, d in enumerate(is_decode) if not d]
         per_row: list[torch.Tensor | None] = [None] * len(rows)
         hidden_rows: list[torch.Tensor | None] = [None] * len(rows)
+        self.last_num_tokens = 0
         for group in (decode_idx, prefill_idx):
             if group:
-                logits, captured = self._forward([rows[i] for i in group])
+                part = [rows[i] for i in group]
+                ragged = group is decode_idx and self._ragged(part)
+                logits, captured = (self._forward_ragged if ragged else self._forward)(part)
                 for i, lg in zip(group, logits, strict=True):
                     per_row[i] = lg
                 for i, h in zip(group, captured, strict=False):
@@ -132,3 +171,12 @@ class ModelRunner:
         self.last_hidden = [h for h in hidden_rows if h is not None]
         parts = [lg for lg in per_row if lg is not None]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _split(items: list[torch.Tensor], sizes: list[int]) -> list[list[torch.Tensor]]:
+    """``items`` in consecutive runs of ``sizes``."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(items[at : at + n])
+        at += n
+    return out

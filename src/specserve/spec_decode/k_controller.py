@@ -220,6 +220,7 @@ class KController:
         num_verified_tokens: int,
         batch_size: int = 1,
         step_s: float | None = None,
+        num_step_tokens: int | None = None,
     ) -> None:
         """Measured times of one step, after its ``observe`` calls.
 
@@ -232,9 +233,14 @@ class KController:
             step_s: the step's whole time, a draft model's catch-up included (which
                 ``draft_s`` leaves out when it is no sample of the draft cost); None:
                 ``draft_s + verify_s``. What the drafting runs observed in it are charged.
+            num_step_tokens: the tokens the target forward ran (the step size its time is
+                kept under); None: ``batch_size * num_verified_tokens``, every request padded
+                to the longest (an engine whose runner drops the padding passes fewer).
         """
         self.runs.timed(draft_s + verify_s if step_s is None else step_s)
-        self.costs.record(draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size)
+        self.costs.record(
+            draft_s, num_draft_steps, verify_s, num_verified_tokens, batch_size, num_step_tokens
+        )
 
     def _state(self, request_id: str) -> _RequestState:
         state = self._requests.get(request_id)

@@ -17,13 +17,13 @@ def prior(num_step_tokens: int) -> float:
 
 
 def by_size(measured: dict[tuple[int, int], float]) -> dict[int, float]:
-    """Seconds per total step size from ``{(batch size, tokens per request): seconds}``:
-    sizes reached several ways are averaged, and the result is made non-decreasing in the
+    """Seconds per total step size from ``{(batch size, step size): seconds}``: sizes reached
+    several ways (batch sizes) are averaged, and the result is made non-decreasing in the
     size. A bigger step never costs less: noisy measurements (a 3-token forward timed below a
     1-token one) would make drafting look cheaper than plain decoding."""
     grouped: dict[int, list[float]] = {}
-    for (b, n), seconds in measured.items():
-        grouped.setdefault(b * n, []).append(seconds)
+    for (_, size), seconds in measured.items():
+        grouped.setdefault(size, []).append(seconds)
     out: dict[int, float] = {}
     running = 0.0
     for t in sorted(grouped):
@@ -69,17 +69,25 @@ class MeasuredCosts:
         self.ema = ema
         self.draft_cost_prior = draft_cost_prior
         self.draft_per_token: dict[int, float] = {}  # batch size -> seconds per draft forward
-        self.verify_by_shape: dict[tuple[int, int], float] = {}  # (batch size, tokens) -> s
+        self.verify_by_shape: dict[tuple[int, int], float] = {}  # (batch size, step size) -> s
         self._by_size: dict[int, float] | None = None  # batch size * tokens -> s
 
     def record(
-        self, draft_s: float, num_draft_steps: int, verify_s: float, num_tokens: int, batch: int
+        self,
+        draft_s: float,
+        num_draft_steps: int,
+        verify_s: float,
+        num_tokens: int,
+        batch: int,
+        step_tokens: int | None = None,
     ) -> None:
         """One step: ``draft_s`` for ``num_draft_steps`` draft forwards (none: 0), a target
-        forward of ``num_tokens`` per request for ``batch`` requests in ``verify_s``."""
+        forward of ``num_tokens`` per request for ``batch`` requests in ``verify_s``; its size
+        ``step_tokens`` (None: ``batch * num_tokens``, the longest request's padding)."""
         if num_draft_steps > 0:
             self._update(self.draft_per_token, batch, draft_s / num_draft_steps)
-        self._update(self.verify_by_shape, (batch, num_tokens), verify_s)
+        size = batch * num_tokens if step_tokens is None else step_tokens
+        self._update(self.verify_by_shape, (batch, size), verify_s)
         self._by_size = None
 
     def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]

@@ -78,6 +78,18 @@ def test_verify_cost_is_kept_per_step_size() -> None:
     assert c.best_k("r", batch_size=1) > 0
 
 
+def test_a_step_is_costed_by_the_tokens_its_forward_ran() -> None:
+    """A batch of 4 where one request verified 5 drafts and three none: without padding the
+    forward ran 9 tokens, and its time is kept as a 9-token step's; without the size, as the
+    padded 4 x 6 = 24."""
+    c = KController(8)
+    c.record_cost(0.05, 5, 0.27, 6, batch_size=4, num_step_tokens=9)
+    assert c.costs.measured_by_size() == {9: 0.27}
+    padded = KController(8)
+    padded.record_cost(0.05, 5, 0.58, 6, batch_size=4)
+    assert padded.costs.measured_by_size() == {24: 0.58}
+
+
 def simulate(c: KController | None, k_fixed: int, accept: list[float], steps: int = 400) -> float:
     """Tokens per second of a request with per-position acceptance ``accept`` on a model
     whose step costs draft 50 ms/token and verify 200 ms (+2 % per token)."""
