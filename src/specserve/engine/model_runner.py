@@ -78,6 +78,9 @@ class ModelRunner:
         # Token rows the last execute ran through the model, padding included: what its time
         # depends on (the k controller's step size).
         self.last_num_tokens = 0
+        # Ragged decode rows where they apply (module docstring); False pads them (a
+        # comparison's other arm: benchmarks/ragged_rows.py).
+        self.ragged_rows = True
 
     def _metadata(self, rows: Sequence[ForwardRow]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Padded ``input_ids # [B, T]`` and metadata; padding goes to scratch slot 0."""
@@ -109,7 +112,8 @@ class ModelRunner:
     def _ragged(self, rows: Sequence[ForwardRow]) -> bool:
         """Whether decode/verify ``rows`` run as one-token rows (module docstring): on the
         native layer path, where their lengths differ."""
-        return self.model.fused_layers and len({len(r.token_ids) for r in rows}) > 1
+        lengths = {len(r.token_ids) for r in rows}
+        return self.ragged_rows and self.model.fused_layers and len(lengths) > 1
 
     def _forward_ragged(
         self, rows: Sequence[ForwardRow]
