@@ -24,8 +24,9 @@ Terms:
         a stop lets through costs nothing, so with a confidence stop the best k is often
         k_max and the stop sets each step's length from the draft's own confidence. The
         draft cost is a time per draft forward, per batch size (the engine passes it); the
-        verify cost is kept per total step size batch_size * (k + 1), so a large batch, where
-        extra verify tokens make the forward compute bound, sees its real cost. Unmeasured
+        verify cost is kept per step size, the tokens the forward ran (batch_size * (k + 1)
+        if all draft k), so a large batch, where extra verify tokens make the forward compute
+        bound, sees its real cost; a choice prices its step as if all drafted its k. Unmeasured
         sizes are interpolated between measured ones; past the largest measured size,
         extrapolated along the slope of the two largest (at least the prior's scaling);
         otherwise scaled by a mild prior slope (a k + 1 token forward costs about what a 1

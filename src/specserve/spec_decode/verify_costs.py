@@ -1,6 +1,7 @@
 """The k controller's cost model (``k_controller.py``): measured target step times kept per
-total step size T = batch size x tokens per request, the quantity a forward's time depends
-on, and a draft's time per token per batch size (:class:`MeasuredCosts`).
+step size T, the tokens the forward ran (batch size x tokens per request where every request
+is padded to the longest), the quantity a forward's time depends on, and a draft's time per
+token per batch size (:class:`MeasuredCosts`).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class MeasuredCosts:
         self.draft_cost_prior = draft_cost_prior
         self.draft_per_token: dict[int, float] = {}  # batch size -> seconds per draft forward
         self.verify_by_shape: dict[tuple[int, int], float] = {}  # (batch size, step size) -> s
-        self._by_size: dict[int, float] | None = None  # batch size * tokens -> s
+        self._by_size: dict[int, float] | None = None  # step size -> s
 
     def record(
         self,
