@@ -126,8 +126,8 @@ class ModelRunner:
         ]
         logits, captured = self._forward(singles)
         sizes = [len(r.token_ids) for r in rows]
-        per_row = [torch.cat(part) for part in _split(logits, sizes)]
-        return per_row, [torch.cat(part) for part in _split(captured, sizes)] if captured else []
+        per_row = list(torch.cat(logits).split(sizes))
+        return per_row, list(torch.cat(captured).split(sizes)) if captured else []
 
     def _forward(self, rows: Sequence[ForwardRow]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Run one padded forward; the logits ``# [num_logit_rows_i, V]`` of each row, and its
@@ -175,12 +175,3 @@ class ModelRunner:
         self.last_hidden = [h for h in hidden_rows if h is not None]
         parts = [lg for lg in per_row if lg is not None]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-def _split(items: list[torch.Tensor], sizes: list[int]) -> list[list[torch.Tensor]]:
-    """``items`` in consecutive runs of ``sizes``."""
-    out, at = [], 0
-    for n in sizes:
-        out.append(items[at : at + n])
-        at += n
-    return out

@@ -103,3 +103,26 @@ def test_the_controller_costs_a_ragged_step_by_the_tokens_it_ran() -> None:
     # Some steps mixed requests with and without drafts (or with drafts of different lengths).
     assert any(size < batch * tokens for batch, tokens, size in recorded if size is not None)
     assert all(size == batch * tokens for batch, tokens, size in recorded if batch == 1)
+
+
+@native_bf16
+def test_ragged_rows_keep_each_rows_captured_hidden_states() -> None:
+    """With hidden states captured (a proposer drafting from them), each row of a ragged step
+    gets its tokens' states in order, the bits it gets alone."""
+    model = _model(fused=True)
+    model.capture_layers = (1, 2)
+
+    def hidden(which: list[int]) -> list[torch.Tensor]:
+        runner = ModelRunner(model, model.make_kv_cache(num_blocks=16, block_size=BLOCK))
+        tables = {i: list(range(1 + 4 * i, 5 + 4 * i)) for i in range(len(PROMPTS))}
+        runner.execute([ForwardRow(PROMPTS[i], 0, tables[i], 1) for i in which])
+        runner.execute(
+            [ForwardRow(DECODE[i], len(PROMPTS[i]), tables[i], len(DECODE[i])) for i in which]
+        )
+        assert runner.last_num_tokens == sum(len(DECODE[i]) for i in which)
+        return runner.last_hidden
+
+    together = hidden([0, 1, 2])
+    assert [h.shape[0] for h in together] == [len(d) for d in DECODE]
+    for i in range(3):
+        assert torch.equal(together[i], hidden([i])[0]), i

@@ -1363,8 +1363,9 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #ifdef SPECSERVE_INT4_AVX2
   // a draft's one-row calls round x per group (run_range_quantised: the 0.5B's one-token draft
   // step 1.11x faster than on run_block_x8, benchmarks/int4_kernel.py --part draft); every
-  // other call takes int8 activations where they apply (run_block_x8). The AVX-512 variant has no one-row-only
-  // path: all of a weight's calls take int8 activations (int8_x_applies) or none.
+  // other call takes int8 activations where they apply (run_block_x8). The AVX-512 variant has
+  // no one-row-only path: all of a weight's calls take int8 activations (int8_x_applies) or
+  // none.
   const bool quantised = M == 1 && (w.tiles & kQuantisedX) != 0;
   const bool x8 = !quantised && int8_x_applies(w) && specserve_native::int8_activations();
 #endif
