@@ -3,7 +3,9 @@
 For two Qwen2.5-Coder-1.5B shapes, the MLP down projection (N = 1536, K = 8960) and the LM head
 (N = 151936, K = 1536), the time of one ``specserve::int8_gemm`` call (group size 16, the
 GGUF K-quants' sub-block) with byte codes and with six-bit codes (codes in -32 .. 31, as
-Q6_K's are packed), and of one ``specserve::int4_gemm`` call (group size 32) at
+Q6_K's are packed), with six-bit codes and Q6_K's superblock constants where this host packs
+them (S = 256; on AVX2 hosts in quad order, on int8 activations), and of one
+``specserve::int4_gemm`` call (group size 32) at
 M = 1, 2, 5, 8 and 16 rows, and the weight bytes each call reads (packed codes + fp16 scales)
 per second. Each timing rotates over enough weight copies (~100 MB) that reads come from
 memory, not from the last-level cache, as in real decoding; best of 3.
@@ -23,9 +25,10 @@ or apart in their own tensor: the same codes and constants), medians of ``--roun
 settings give identical logits. ``--switch amx`` alternates the int4 and six-bit matmuls on
 the AMX tiles (``SPECSERVE_QUANT_AMX=1``) and on ``vdpbf16ps``, and ``--switch superblocks``
 the six-bit weights with superblock constants (as loaded where the CPU runs them) and with
-per-group fp16 constants, ``--switch int4-superblocks`` the same for the int4 weights (Q4_K's
-constants as stored, or per-group fp16 constants rounded from them); their sums round
-differently, so these print the largest logit difference instead, as does ``--switch int8-x``:
+per-group fp16 constants (in the codes the host packs those in: bytes on AVX2, where the
+superblocks take int8 activations), ``--switch int4-superblocks`` the same for the int4
+weights (Q4_K's constants as stored, or per-group fp16 constants rounded from them); their sums
+round differently, so these print the largest logit difference instead, as does ``--switch int8-x``:
 the K-quant matmuls on int8 activations (``vpdpbusd``, the default on AVX-512 VNNI builds) and
 on bf16 ones (``SPECSERVE_INT8_ACTIVATIONS=0``). ``--weights int4`` runs the step on the int4
 format instead (the file re-quantised to groups of 64 with per-group fp16 constants, which take
@@ -79,15 +82,24 @@ ROTATE_BYTES = 100e6
 
 class _Weight:
     """Random codes with group scales and offsets (the shape of an Int8GroupWeight): bytes in
-    -128 .. 127, or with ``six_bit`` in -32 .. 31 (packed in six bits, as Q6_K's are)."""
+    -128 .. 127, or with ``six_bit`` in -32 .. 31 (packed in six bits, as Q6_K's are); with
+    ``k_quant`` Q6_K's constants instead (an fp16 scale per 256 inputs times int8 codes per 16,
+    no offsets: they have the superblock form)."""
 
-    def __init__(self, n: int, k: int, gen: torch.Generator, six_bit: bool = False) -> None:
+    def __init__(
+        self, n: int, k: int, gen: torch.Generator, six_bit: bool = False, k_quant: bool = False
+    ) -> None:
         self.group_size = INT8_GROUP
         self.codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
-        if six_bit:
+        if six_bit or k_quant:
             self.codes >>= 2
         self.scale = torch.rand(n, k // INT8_GROUP, generator=gen) * 1e-3 + 1e-4
         self.offset = torch.randn(n, k // INT8_GROUP, generator=gen) * 1e-3
+        if k_quant:
+            d = (torch.rand(n, k // 256, generator=gen) * 1e-3 + 1e-5).half().float()
+            sc = torch.randint(-128, 128, (n, k // INT8_GROUP), generator=gen).float()
+            self.scale = d.repeat_interleave(256 // INT8_GROUP, dim=1) * sc
+            self.offset = torch.zeros_like(self.scale)
 
 
 def _int4_weight(n: int, k: int, gen: torch.Generator):  # type: ignore[no-untyped-def]
@@ -116,7 +128,7 @@ def _best(fn: Callable[[object], object], weights: list, budget_s: float) -> flo
 
 
 def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, cached: bool) -> None:
-    from specserve.models.native import int4_native, int8_native
+    from specserve.models.native import int4_native, int8_native, superblock
 
     if not int8_native.available():
         raise SystemExit(
@@ -125,11 +137,12 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
     with_int4 = with_int4 and int4_native.available()
     gen = torch.Generator().manual_seed(0)
     print(f"threads: {torch.get_num_threads()}")
+    supers = superblock.preferred()  # Q6_K-like weights with superblock constants run here
     print(
         "| shape | N x K | M | int8 G=16 ms | int8 GB/s | six-bit G=16 ms | six-bit GB/s "
-        "| int4 G=32 ms | int4 GB/s |"
+        "| six-bit S=256 ms | six-bit S=256 GB/s | int4 G=32 ms | int4 GB/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in shapes:
         n, k = SHAPES[name]
         copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k)))
@@ -138,6 +151,12 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
         six_packed = [
             int8_native.pack(_Weight(n, k, gen, True), code_bits=6) for _ in range(six_copies)
         ]
+        super_packed = []
+        if supers:  # as many copies as the six-bit ones: about the same bytes
+            super_packed = [
+                int8_native.pack(_Weight(n, k, gen, k_quant=True), superblocks=True)
+                for _ in range(six_copies)
+            ]
         int4_packed = []
         if with_int4:
             int4_copies = 1 if cached else max(1, int(ROTATE_BYTES // (n * k // 2)))
@@ -148,16 +167,20 @@ def run(shapes: list[str], rows: list[int], budget_s: float, with_int4: bool, ca
             gb8 = int8_packed[0].nbytes() / t8 / 1e9
             t6 = _best(lambda p, x=x: int8_native.matmul(x, p), six_packed, budget_s)
             six_cols = f"{t6 * 1e3:.3f} | {six_packed[0].nbytes() / t6 / 1e9:.1f}"
+            super_cols = "- | -"
+            if super_packed:
+                ts = _best(lambda p, x=x: int8_native.matmul(x, p), super_packed, budget_s)
+                super_cols = f"{ts * 1e3:.3f} | {super_packed[0].nbytes() / ts / 1e9:.1f}"
             int4_cols = "- | -"
             if int4_packed:
                 t4 = _best(lambda p, x=x: int4_native.matmul(x, p), int4_packed, budget_s)
                 int4_cols = f"{t4 * 1e3:.3f} | {int4_packed[0].nbytes() / t4 / 1e9:.1f}"
             print(
                 f"| {name} | {n} x {k} | {m} | {t8 * 1e3:.3f} | {gb8:.1f} | {six_cols} "
-                f"| {int4_cols} |",
+                f"| {super_cols} | {int4_cols} |",
                 flush=True,
             )
-        del int8_packed, six_packed, int4_packed
+        del int8_packed, six_packed, super_packed, int4_packed
 
 
 # --part step's switches: what is switched (an environment variable, or "layout": the packed
@@ -207,8 +230,9 @@ def _byte_codes(p):  # type: ignore[no-untyped-def]  # an Int8Packed
 
 
 def _per_group(p):  # type: ignore[no-untyped-def]  # an Int8Packed
-    """A weight with superblock constants again with per-group fp16 constants (six-bit codes,
-    other weights as they are): the same codes and weights."""
+    """A weight with superblock constants again with per-group fp16 constants, in the codes
+    this host packs those in (six-bit where they run as bf16 pairs, else bytes: what it loads
+    without superblock constants; other weights as they are): the same codes and weights."""
     from specserve.models.native import int8_native, superblock
     from specserve.models.quant.int8_group import Int8GroupWeight
 
@@ -216,7 +240,7 @@ def _per_group(p):  # type: ignore[no-untyped-def]  # an Int8Packed
         return p
     codes, scale, offset = superblock.unpack(p.qweight, p.out_features, p.group_size)
     weight = Int8GroupWeight(codes, scale, offset, 16)
-    return int8_native.pack(weight, code_bits=6, superblocks=False)
+    return int8_native.pack(weight, superblocks=False)
 
 
 def _int4_per_group(p):  # type: ignore[no-untyped-def]  # an Int4Packed or Int8Packed

@@ -109,6 +109,9 @@ def test_packed_or_none_where_preferred(monkeypatch: pytest.MonkeyPatch) -> None
     otherwise None, so the caller packs per group."""
     w = q4_k(32, 512)
     monkeypatch.setattr(superblock, "preferred", lambda: True)
+    monkeypatch.setattr(superblock, "quad_order", lambda: True)  # the AVX2 hosts' order
+    assert int4_superblock.packed_or_none(w) is None
+    monkeypatch.setattr(superblock, "quad_order", lambda: False)
     p = int4_superblock.packed_or_none(w)
     assert p is not None and p.superblock_constants and p.out_features == 32
     arbitrary = Int4Weight(w.nibbles, torch.rand_like(w.scale) + 0.1, w.minimum, 32)

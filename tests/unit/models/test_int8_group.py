@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from specserve.models.native import int8_native
+from specserve.models.native import build, int4_native, int8_native
 from specserve.models.native.int8_native import Int8Packed, matmul, pack
 from specserve.models.quant.int8_group import Int8GroupLinear, Int8GroupWeight
 
@@ -179,6 +179,18 @@ def test_failed_build_reports_reason(
         assert not int8_native.available()
     assert int8_native.unavailable_reason() == "build failed: no compiler"
     assert sum("no compiler" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+@pytest.mark.skipif(
+    not {"avx2", "fma", "f16c"} <= build.cpu_signature()[1],
+    reason="a CPU without AVX2 / FMA / F16C",
+)
+def test_the_kernels_pass_their_self_tests_where_the_cpu_has_them() -> None:
+    """A kernel whose self-test fails is refused and its tests skip; on a CPU with the
+    instructions that is a failure here (the six-bit superblock self-test runs the layout this
+    host packs: the quad order on AVX2 hosts)."""
+    assert int8_native.available(), int8_native.unavailable_reason()
+    assert int4_native.available(), int4_native.unavailable_reason()
 
 
 # ---------------------------------------------------------------- kernel --------------------

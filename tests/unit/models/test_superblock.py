@@ -3,8 +3,9 @@ per-group constants into an fp32 superblock scale times int8 codes (exact, or re
 packed layout and its inverse, when :func:`int8_native.pack` writes it, the checks of such a
 weight, and the kernel that reads it (AVX-512 BF16 / VBMI / GFNI hosts): close to a float64
 reference, exact constants (fp32 outputs within fp32 rounding), rows batch invariant, and the
-real Q6_K tensors of the default GGUF file; and the same kernel on int8 activations (AVX-512
-VNNI builds): its own float64 reference, batch invariance, the switch, non-finite groups."""
+real Q6_K tensors of the default GGUF file; and the kernels on int8 activations (the same
+kernel on AVX-512 VNNI builds, the quad-order kernel on AVX2 hosts): their own float64
+reference, batch invariance, the switch, non-finite groups."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tests.kernel_checks import (
 )
 
 kernel = pytest.mark.skipif(
-    not (int8_native.available() and superblock.preferred()),
-    reason="superblock constants run on the AVX-512 BF16 / VBMI / GFNI kernel only",
+    not (int8_native.available() and superblock.preferred() and not superblock.quad_order()),
+    reason="superblock constants on bf16 activations: the AVX-512 BF16 / VBMI / GFNI kernel only",
 )
 
 
@@ -118,6 +119,30 @@ def test_pack_and_unpack_round_trip(n: int, k: int, size: int, offsets: bool) ->
 
 
 @pytest.mark.parametrize("offsets", [False, True])
+def test_quad_order_round_trips_and_puts_a_rows_four_inputs_side_by_side(offsets: bool) -> None:
+    w = k_quant(40, 512, offsets=offsets)
+    packed = superblock.pack(w.codes, w.scale, w.offset, quads=True)
+    plain = superblock.pack(w.codes, w.scale, w.offset)
+    assert packed is not None and plain is not None
+    qweight = packed[0]
+    head = superblock.header_blocks(256, offsets)
+    assert qweight.shape == (3, 2, head + 48, 2, 32)
+    flat = qweight.reshape(3, 2, head + 48, 64)
+    assert torch.equal(flat[:, :, :head], plain[0][:, :, :head])  # the same header blocks
+    assert not torch.equal(flat, plain[0])
+    codes, scale, offset = superblock.unpack(qweight, 40)
+    assert torch.equal(codes, w.codes) and torch.equal(scale, w.scale)
+    assert torch.equal(offset, w.offset)
+    # tile 0's first unit: L0's low nibbles and H's low two bits are u_0 (inputs 0 .. 3),
+    # byte 32 h + 4 r + c holding row 8 h + r, input c
+    unit = flat[0, 0, head : head + 3].view(torch.uint8).long()
+    u0 = (unit[0] & 15) | ((unit[2] & 3) << 4)
+    rows = torch.arange(16)
+    expect = w.codes[rows[:, None], torch.arange(4)[None, :]].long() + 32  # [row, c]
+    assert torch.equal(u0.view(16, 4), expect)
+
+
+@pytest.mark.parametrize("offsets", [False, True])
 def test_chunked_packing_matches_a_single_chunk(
     monkeypatch: pytest.MonkeyPatch, offsets: bool
 ) -> None:
@@ -146,6 +171,7 @@ def test_pack_chooses_superblocks_where_preferred(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("SPECSERVE_SIX_BIT_CODES", "1")
     w = k_quant(32, 256)
     assert pack(w).superblock_form == (1 if superblock.preferred() else 0)
+    assert pack(w).quads == (superblock.preferred() and superblock.quad_order())
     monkeypatch.setenv("SPECSERVE_SUPERBLOCK_CONSTANTS", "0")
     assert not superblock.preferred()
     assert pack(w).superblock_form == 0
@@ -164,6 +190,20 @@ def test_packed_weight_checks_the_superblock_shapes() -> None:
     bad = packed.qweight[:, :, 1:].contiguous()
     with pytest.raises(ValueError, match="six-bit qweight"):
         Int8Packed(bad, packed.scales, packed.row_scale, 16, 256)
+
+
+def test_packed_weight_checks_the_quad_order_shapes() -> None:
+    w = k_quant(16, 256)
+    qweight, row_scale, size = superblock.pack(w.codes, w.scale, w.offset, quads=True) or ()
+    empty = torch.empty(0, dtype=torch.float16)
+    packed = Int8Packed(qweight, empty, row_scale, 16, size)
+    assert packed.quads and packed.superblock_form == 1 and packed.in_features == 256
+    assert torch.equal(packed.code_blocks(), pack(w, code_bits=8).code_blocks())
+    for bad in (qweight.reshape(1, 1, 53, 4, 16), qweight[:, :, 1:].contiguous()):
+        with pytest.raises(ValueError, match="six-bit qweight"):
+            Int8Packed(bad, empty, row_scale, 16, size)
+    with pytest.raises(ValueError, match="quad order"):  # per-group constants have no such order
+        Int8Packed(qweight, empty, row_scale, 16, 16)
 
 
 # ---------------------------------------------------------------- the kernel ---------------
@@ -191,7 +231,7 @@ def test_kernel_matches_a_float64_reference_and_is_batch_invariant(
 x8_kernel = pytest.mark.skipif(
     not (int8_native.available() and superblock.preferred())
     or not torch.ops.specserve.int4_int8_activations(),
-    reason="int8 activations need the AVX-512 kernels built with VNNI",
+    reason="int8 activations need the AVX-512 kernels built with VNNI, or AVX2 (quad order)",
 )
 
 
@@ -217,7 +257,21 @@ def test_int8_activations_stay_near_the_exact_product_and_the_switch_turns_them_
 ) -> None:
     w = k_quant(64, 1536, seed=3)
     packed = pack(w, code_bits=6, superblocks=True)
-    assert_int8_activations_switch_off(matmul, packed, w.dequantize(), monkeypatch, 2e-2)
+    if not packed.quads:
+        assert_int8_activations_switch_off(matmul, packed, w.dequantize(), monkeypatch, 2e-2)
+        return
+    # the quad order is packed for int8 activations and keeps them whatever the switch; the
+    # switch off at load packs per-group constants on bf16 activations instead
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    exact = x.double() @ w.dequantize().double().T
+    on = matmul(x.float(), packed)
+    assert 1e-5 < float((on.double() - exact).norm() / exact.norm()) < 2e-2
+    monkeypatch.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+    assert torch.equal(matmul(x.float(), packed), on)
+    assert not superblock.preferred()
+    off = pack(w)
+    assert off.superblock_form == 0 and off.code_bits == 8
+    assert float((matmul(x.float(), off).double() - exact).norm() / exact.norm()) < 1e-3
 
 
 @x8_kernel
@@ -240,7 +294,10 @@ def test_kernel_ignores_the_lane_switch(monkeypatch: pytest.MonkeyPatch) -> None
     assert torch.equal(matmul(x, packed), y)
 
 
-@kernel
+@pytest.mark.skipif(
+    not (int8_native.available() and superblock.preferred()),
+    reason="superblock constants are not packed on this host",
+)
 @pytest.mark.slow
 def test_the_default_files_q6_k_tensors_take_superblock_constants() -> None:
     """The 1.5B's LM head and a Q6_K down projection: their constants factor, and the
@@ -263,11 +320,12 @@ def test_the_default_files_q6_k_tensors_take_superblock_constants() -> None:
         assert packed.superblock_form == 1 and packed.group_size == 256
         x = torch.randn(4, w.in_features).to(torch.bfloat16)
         ref = x.double() @ blocks.dequantize()[:2048].double().T
-        with pytest.MonkeyPatch.context() as env:  # bf16 activations: the exact products
-            env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
-            y = matmul(x.float(), packed)
-        assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
-        if torch.ops.specserve.int4_int8_activations():  # the int8 activations' products
+        if not packed.quads:
+            with pytest.MonkeyPatch.context() as env:  # bf16 activations: the exact products
+                env.setenv("SPECSERVE_INT8_ACTIVATIONS", "0")
+                y = matmul(x.float(), packed)
+            assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
+        if packed.quads or torch.ops.specserve.int4_int8_activations():  # int8 activations
             ref8 = int8_activation_product(x, blocks.dequantize()[:2048], blocks.offset[:2048])
             y8 = matmul(x.float(), packed)
             assert float((y8.double() - ref8).norm() / ref8.norm()) < 1e-5

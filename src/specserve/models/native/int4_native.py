@@ -347,10 +347,12 @@ def int8_activations() -> bool:
     gguf 1.5B, about 2x less for the int4 format's (docs/benchmarks.md). The default where the
     library was built with AVX-512 VNNI, and on AVX2 for int4 groups (``vpmaddubsw`` on the
     same rounding of x; there a GGUF file's Q4_K tensors are packed per group and take it
-    too, while the int8-group kernel's codes keep exact x); ``SPECSERVE_INT8_ACTIVATIONS=0``
-    keeps bf16 activations (on AVX2 the int16 form above; read on every call). A row's outputs
-    are the same whatever the batch either way, but differ between the two. False where the
-    kernel is not available."""
+    too, and its Q6_K tensors are packed with superblock constants in quad order for it,
+    :func:`superblock.quad_order`); ``SPECSERVE_INT8_ACTIVATIONS=0`` keeps bf16 activations
+    (on AVX2 the int16 form above; read on every call, but read at load for the AVX2 Q6_K
+    form, which once packed always takes int8 activations). A row's outputs are the same
+    whatever the batch either way, but differ between the two. False where the kernel is not
+    available."""
     return available() and bool(torch.ops.specserve.int4_int8_activations())
 
 

@@ -34,11 +34,13 @@ _ROW_CHUNK = 4096  # rows factored and packed at a time (a multiple of 16)
 
 def preferred() -> bool:
     """Whether Q4_K-form weights are packed with superblock constants: where
-    :func:`superblock.preferred` says the six-bit codes' superblocks are (AVX-512 BW, VBMI,
-    BF16 and GFNI, the AMX tiles off, ``SPECSERVE_SUPERBLOCK_CONSTANTS`` not ``0``). The int4
-    kernel itself needs only AVX-512 BF16 and GFNI; one condition keeps a model's two
-    superblock layouts together. Read on every call."""
-    return superblock.preferred()
+    :func:`superblock.preferred` says the six-bit codes' superblocks are in their bf16-pair
+    order (AVX-512 BW, VBMI, BF16 and GFNI, the AMX tiles off,
+    ``SPECSERVE_SUPERBLOCK_CONSTANTS`` not ``0``; not the AVX2 hosts' quad order, where the
+    int4 kernel has no superblock form). The int4 kernel itself needs only AVX-512 BF16 and
+    GFNI; one condition keeps a model's two superblock layouts together. Read on every
+    call."""
+    return superblock.preferred() and not superblock.quad_order()
 
 
 def packed_or_none(weight: Int4Weight) -> int4_native.Int4Packed | None:

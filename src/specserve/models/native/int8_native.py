@@ -21,6 +21,11 @@ multiplies two inputs' weights of 16 rows by a pair of bf16 inputs, with fp32 su
 ``y += scale·Σ (code + 160)·x + (offset - 160·scale)·Σ x``. Its outputs agree with the fp32
 kernels' to rounding, its rows are batch invariant as theirs.
 
+On AVX2 hosts with int8 activations (:func:`superblock.preferred`), six-bit codes whose
+constants have the K-quants' superblock form (Q6_K's) keep it in quad order: 0.83 bytes a
+weight against 1.25, on int8 x always (``run_block_quads`` in ``csrc/int8_gemv.cpp``;
+``SPECSERVE_INT8_ACTIVATIONS=0`` at load packs byte codes on exact x instead).
+
 Batch invariance: every output ``(m, n)`` runs the same fp32 operations in the same order
 whatever ``M`` is, whatever the other rows hold and however the threads split the work (they
 split the output columns only, with torch's intra-op pool), so a ``k + 1``-row verify gives bit
@@ -145,37 +150,30 @@ class Int8Packed(tile_stream.PackedTiles):
     exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
-        """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the six-bit
-        layout (the constants always inline: per group, or per superblock)."""
-        q, gs = self.qweight, self.group_size
-        if q.dim() != 4:
+        """As :meth:`PackedTiles._layout_k`; a four- or five-dimensional ``qweight`` holds
+        six-bit codes, their constants always inline (:func:`superblock.six_bit_in_features`)."""
+        if self.qweight.dim() < 4:
             return super()._layout_k()
-        if gs <= 0 or gs % six_bit.UNIT_K:
-            raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
-        blocks = [six_bit.unit_blocks(gs) + 1]
-        if gs % 64 == 0:  # superblock constants, without and with offsets
-            units = six_bit.unit_blocks(gs)
-            blocks += [units + superblock.header_blocks(gs, o) for o in (False, True)]
-        if q.dtype != torch.int8 or q.shape[3] != 64 or q.shape[2] not in blocks:
-            also = f" (superblock constants: {blocks[1]} or {blocks[2]})" if gs % 64 == 0 else ""
-            raise ValueError(
-                f"six-bit qweight must be int8 [Np/16, K/G, {blocks[0]}, 64]{also} for "
-                f"group_size {gs}, got {q.dtype} {tuple(q.shape)}"
-            )
-        if self.scales.numel() or self.scales.dtype != torch.float16:
-            raise ValueError("six-bit codes keep their constants inline: scales must be empty fp16")
-        return q.shape[1] * gs, True
+        return superblock.six_bit_in_features(self.qweight, self.group_size, self.scales), True
 
     @property
     def code_bits(self) -> int:
         """6 for six-bit codes, else 8."""
-        return 6 if self.qweight.dim() == 4 else 8
+        return 6 if self.qweight.dim() >= 4 else 8
+
+    @property
+    def quads(self) -> bool:
+        """Whether six-bit units with superblock constants keep their bytes in quad order
+        (``qweight # [Np / 16, K / S, H + 3 S / 16, 2, 32]``, :func:`superblock.pack`)."""
+        return self.qweight.dim() == 5
 
     @property
     def superblock_form(self) -> int:
         """0: per-group fp16 constants; six-bit codes with superblock constants
         (:mod:`~specserve.models.native.superblock`): 1 without offsets, 2 with them."""
-        if self.code_bits == 8 or self.qweight.shape[2] == six_bit.unit_blocks(self.group_size) + 1:
+        if self.code_bits == 8 or (
+            not self.quads and self.qweight.shape[2] == six_bit.unit_blocks(self.group_size) + 1
+        ):
             return 0
         head = self.qweight.shape[2] - six_bit.unit_blocks(self.group_size)
         return 2 if head == superblock.header_blocks(self.group_size, True) else 1
@@ -186,9 +184,10 @@ class Int8Packed(tile_stream.PackedTiles):
             return super().code_blocks()
         tiles = self.qweight.shape[0]
         head = self.qweight.shape[2] - six_bit.unit_blocks(self.group_size)
-        units = self.qweight[:, :, :-1] if head == 1 else self.qweight[:, :, head:]
+        q = self.qweight.reshape(*self.qweight.shape[:3], 64)
+        units = q[:, :, :-1] if head == 1 else q[:, :, head:]
         units = units.reshape(tiles, -1, 3, 64)
-        return six_bit.unpack_units(units).reshape(tiles, -1, 64)
+        return six_bit.unpack_units(units, self.quads).reshape(tiles, -1, 64)
 
     def constants(self) -> torch.Tensor:
         """As :meth:`PackedTiles.constants` (six-bit codes: a view into ``qweight``)."""
@@ -225,8 +224,10 @@ def pack(
     (:func:`six_bit.dot_products`) their sums round differently.
 
     ``superblocks``: True writes six-bit codes of 16-input groups with superblock constants
-    (:mod:`~specserve.models.native.superblock`: fewer bytes, the same weights), False never;
-    None (the default) wherever :func:`superblock.preferred` and the constants factor.
+    (:mod:`~specserve.models.native.superblock`: fewer bytes, the same weights; in quad order
+    where :func:`superblock.quad_order`), False never; None (the default) wherever
+    :func:`superblock.preferred` and the constants factor (with ``code_bits`` None, also where
+    six-bit codes with per-group constants would not be preferred).
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
@@ -245,9 +246,7 @@ def pack(
     if weight.scale.shape != (n, k // gs) or weight.offset.shape != (n, k // gs):
         raise ValueError(f"scale and offset must be [{n}, {k // gs}]")
     six_fits = inline_constants and gs % six_bit.UNIT_K == 0
-    if code_bits is None:
-        code_bits = 6 if six_fits and six_bit.preferred() and six_bit.codes_fit(codes_all) else 8
-    elif code_bits == 6:
+    if code_bits == 6:
         if not six_fits:
             raise ValueError(
                 "six-bit codes need the constants inline and a group_size that is a multiple "
@@ -255,17 +254,20 @@ def pack(
             )
         if not six_bit.codes_fit(codes_all):
             raise ValueError("six-bit codes must lie in -32 .. 31")
-    elif code_bits != 8:
+    elif code_bits not in (None, 8):
         raise ValueError(f"code_bits must be 6, 8 or None, got {code_bits}")
-    if superblocks and (code_bits != 6 or gs != six_bit.UNIT_K):
+    six = code_bits != 8 and six_fits and six_bit.codes_fit(codes_all)
+    if superblocks and not (six and gs == six_bit.UNIT_K):
         raise ValueError("superblock constants need six-bit codes in groups of 16")
     wanted = superblocks or (superblocks is None and superblock.preferred())
-    if code_bits == 6 and gs == six_bit.UNIT_K and wanted:
-        sb = superblock.pack(codes_all, weight.scale, weight.offset)
+    if six and gs == six_bit.UNIT_K and wanted:
+        sb = superblock.pack(codes_all, weight.scale, weight.offset, superblock.quad_order())
         if sb is not None:
             return Int8Packed(sb[0], torch.empty(0, dtype=torch.float16), sb[1], n, sb[2])
         if superblocks:
             raise ValueError("these constants have no superblock form (superblock.factor)")
+    if code_bits is None:
+        code_bits = 6 if six and six_bit.preferred() else 8
     tiles = -(-n // TILE_ROWS)
     ngroups, bpg = k // gs, gs // BLOCK_K
     # Streamed once per token: huge pages where the host allows (models/native/huge_pages.py).
@@ -346,9 +348,9 @@ def _load() -> str | None:
 
 def _self_test() -> str | None:
     """Run the kernel on a small random weight, with byte codes and with six-bit codes (with
-    superblock constants too, where the CPU runs them): close to a float64 reference, and
-    each row of a 5-row call bit-identical to the same row alone (catches a CPU without the
-    ISA, which the op reports, and a miscompiled kernel)."""
+    superblock constants too where they are packed here, in quad order on AVX2 hosts): close
+    to a float64 reference, and each row of a 5-row call bit-identical to the same row alone
+    (catches a CPU without the ISA, which the op reports, and a miscompiled kernel)."""
     gen = torch.Generator().manual_seed(0)
     n, k, gs = 37, 128, 16
     codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)

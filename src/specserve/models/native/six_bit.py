@@ -32,13 +32,18 @@ def unit_blocks(group_size: int) -> int:
     return 3 * group_size // UNIT_K
 
 
-def pack_units(codes: torch.Tensor) -> torch.Tensor:
+def pack_units(codes: torch.Tensor, quads: bool = False) -> torch.Tensor:
     """``codes # [n, K] int8`` in -32 .. 31 (``n`` a multiple of 16, ``K`` of 16) -> the
-    six-bit units, ``# [n / 16, K / 16, 3, 64] int8`` (the module docstring's layout)."""
+    six-bit units, ``# [n / 16, K / 16, 3, 64] int8`` (the module docstring's layout).
+
+    ``quads``: each block's bytes in quad order instead, ``u_b[4 i + c]`` for row ``i`` and
+    input ``k0 + 4 b + c`` (a row's four inputs side by side, rows in order: the operands of
+    the AVX2 kernel's ``vpmaddubsw``, ``run_block_quads`` in ``csrc/int8_gemv.cpp``)."""
     n, k = codes.shape
-    # row i of tile T, input 16 U + 4 b + c  ->  u_b[16 c + i] of unit U
+    # row i of tile T, input 16 U + 4 b + c  ->  u_b[16 c + i] (u_b[4 i + c] in quad order)
     v = codes.view(n // TILE_ROWS, TILE_ROWS, k // UNIT_K, 4, 4)  # [T, i, U, b, c]
-    u = (v.permute(0, 2, 3, 4, 1).to(torch.int16) + 32).to(torch.uint8)  # [T, U, b, c, i]
+    order = (0, 2, 3, 1, 4) if quads else (0, 2, 3, 4, 1)  # [T, U, b, i, c] or [T, U, b, c, i]
+    u = (v.permute(*order).to(torch.int16) + 32).to(torch.uint8)
     u = u.reshape(n // TILE_ROWS, k // UNIT_K, 4, 64)
     low, high = u & 15, u >> 4
     blocks = torch.stack(
@@ -52,9 +57,10 @@ def pack_units(codes: torch.Tensor) -> torch.Tensor:
     return blocks.view(torch.int8)
 
 
-def unpack_units(units: torch.Tensor) -> torch.Tensor:
-    """Six-bit units ``# [T, U, 3, 64] int8`` -> their byte code blocks in the byte layout,
-    ``# [T, U * 4, 64] int8`` (what the byte packing writes for the same codes)."""
+def unpack_units(units: torch.Tensor, quads: bool = False) -> torch.Tensor:
+    """Six-bit units ``# [T, U, 3, 64] int8`` (in quad order with ``quads``, see
+    :func:`pack_units`) -> their byte code blocks in the byte layout, ``# [T, U * 4, 64]
+    int8`` (what the byte packing writes for the same codes)."""
     b = units.view(torch.uint8)
     l0, l1, hb = b[:, :, 0], b[:, :, 1], b[:, :, 2]
     u = torch.stack(
@@ -65,11 +71,13 @@ def unpack_units(units: torch.Tensor) -> torch.Tensor:
             (l1 >> 4) | ((hb >> 6) << 4),
         ),
         dim=2,
-    )  # [T, U, b, 64 = (c, i)]
-    codes = (u.to(torch.int16) - 32).to(torch.int8)
+    )  # [T, U, b, 64 = (c, i)], or (i, c) in quad order
     t, nu = units.shape[:2]
+    if quads:
+        u = u.view(t, nu, 4, TILE_ROWS, 4).transpose(3, 4)
+    codes = (u.to(torch.int16) - 32).to(torch.int8)
     # byte layout: block 4 U + b, byte h * 32 + c * 8 + r for row i = 8 h + r
-    v = codes.view(t, nu, 4, 4, 2, 8).permute(0, 1, 2, 4, 3, 5)  # [T, U, b, h, c, r]
+    v = codes.reshape(t, nu, 4, 4, 2, 8).permute(0, 1, 2, 4, 3, 5)  # [T, U, b, h, c, r]
     return v.reshape(t, nu * 4, 64)
 
 

@@ -11,8 +11,10 @@ Here each sub-group keeps an int8 scale code (and offset code), each superblock 
 :func:`factor` recovers such a form from any per-group constants that have it (it does not
 need to know the file: the K-quants' products ``d·sc`` are exact in fp32, and a superblock's
 scales share the factor ``d`` up to the greatest common divisor of their codes); :func:`pack`
-writes the layout that ``int8_gemv.cpp``'s ``run_block_super`` reads. Only that kernel (AVX-512
-BF16, VBMI and GFNI) reads it, so :func:`preferred` says where to write it.
+writes the layout that ``int8_gemv.cpp``'s ``run_block_super`` reads (AVX-512 BF16, VBMI and
+GFNI), or with each unit's bytes in quad order (:func:`six_bit.pack_units`) the one its AVX2
+kernel ``run_block_quads`` reads on int8 activations; :func:`preferred` says where to write
+either, :func:`quad_order` which.
 """
 
 from __future__ import annotations
@@ -21,10 +23,19 @@ import os
 
 import torch
 
-from specserve.models.native import huge_pages, int4_native, six_bit
+from specserve.models.native import build, huge_pages, int4_native, six_bit
 from specserve.models.native.tile_stream import BLOCK_BYTES, TILE_ROWS
 
-__all__ = ["SUPERBLOCK", "factor", "header_blocks", "pack", "preferred"]
+__all__ = [
+    "SUPERBLOCK",
+    "factor",
+    "header_blocks",
+    "pack",
+    "preferred",
+    "quad_order",
+    "six_bit_in_features",
+    "unpack",
+]
 
 SUPERBLOCK = int4_native.SUPERBLOCK  # inputs a superblock (256, the K-quants'); a multiple of 64
 _SUB = six_bit.UNIT_K  # inputs a sub-group: one six-bit unit
@@ -36,11 +47,59 @@ _ROW_CHUNK = 4096  # rows factored and packed at a time (a multiple of 16)
 def preferred() -> bool:
     """Whether six-bit codes whose constants factor are packed with superblock constants:
     where the library's bf16-pair kernel for them runs (a CPU with AVX-512 BW, VBMI, BF16 and
-    GFNI, the library built for it) and the AMX tiles are not on (they read per-group
-    constants), unless ``SPECSERVE_SUPERBLOCK_CONSTANTS=0``. Read on every call."""
+    GFNI, the library built for it), or in quad order (:func:`quad_order`) on a CPU without
+    AVX-512 where the kernels take int8 activations (:func:`int4_native.int8_activations`),
+    and the AMX tiles are not on (they read per-group constants); unless
+    ``SPECSERVE_SUPERBLOCK_CONSTANTS=0``. Read on every call."""
     if os.environ.get(_ENV_SWITCH, "").strip() == "0" or int4_native.amx_tiles():
         return False
-    return six_bit.pair_kernel_built()
+    if six_bit.pair_kernel_built():
+        return True
+    return "avx512f" not in build.cpu_signature()[1] and int4_native.int8_activations()
+
+
+def quad_order() -> bool:
+    """Whether :func:`pack` writes each unit's bytes in quad order here: where the bf16-pair
+    kernel is not built, so that the AVX2 kernel ``run_block_quads`` reads them (on int8
+    activations always: ``SPECSERVE_INT8_ACTIVATIONS=0`` at load keeps per-group constants,
+    :func:`preferred`)."""
+    return not six_bit.pair_kernel_built()
+
+
+def six_bit_in_features(qweight: torch.Tensor, group_size: int, scales: torch.Tensor) -> int:
+    """``K`` of a six-bit ``qweight`` (``Int8Packed``'s checks): ``# [Np / 16, K / G,
+    3 G / 16 + 1, 64] int8`` with per-group constants, ``3 G / 16 + H`` blocks a group with
+    superblock constants (:func:`header_blocks`), those five-dimensional ``[..., 2, 32]`` in
+    quad order; ``scales`` empty fp16 (the constants inline).
+
+    Raises:
+        ValueError: any other shape, dtype or group size.
+    """
+    q, gs = qweight, group_size
+    if q.dim() == 5:
+        if q.shape[3:] != (2, 32) or not q.is_contiguous() or gs % 64:
+            raise ValueError(
+                "six-bit qweight in quad order must be contiguous int8 [Np/16, K/G, blocks, "
+                f"2, 32] with superblock constants (G a multiple of 64), got "
+                f"{tuple(q.shape)} for group_size {gs}"
+            )
+        q = q.view(*q.shape[:3], BLOCK_BYTES)
+    if gs <= 0 or gs % _SUB:
+        raise ValueError(f"six-bit codes need a group_size that is a multiple of 16, got {gs}")
+    units = six_bit.unit_blocks(gs)
+    blocks = [units + 1]
+    if gs % 64 == 0:  # superblock constants, without and with offsets
+        blocks += [units + header_blocks(gs, o) for o in (False, True)]
+    quads = qweight.dim() == 5
+    if q.dtype != torch.int8 or q.shape[3] != BLOCK_BYTES or q.shape[2] not in blocks[quads:]:
+        also = f" (superblock constants: {blocks[1]} or {blocks[2]})" if gs % 64 == 0 else ""
+        raise ValueError(
+            f"six-bit qweight must be int8 [Np/16, K/G, {blocks[0]}, 64]{also} for "
+            f"group_size {gs}, got {q.dtype} {tuple(q.shape)}"
+        )
+    if scales.numel() or scales.dtype != torch.float16:
+        raise ValueError("six-bit codes keep their constants inline: scales must be empty fp16")
+    return int(q.shape[1]) * gs
 
 
 def factor(values: torch.Tensor, per: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -98,7 +157,7 @@ def header_blocks(superblock: int, offsets: bool) -> int:
 
 
 def pack(
-    codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor
+    codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, quads: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, int] | None:
     """``(qweight, row_scale, S)`` of six-bit ``codes # [N, K] int8`` (in -32 .. 31) with
     ``scale`` and ``offset # [N, K / 16] fp32`` in the superblock layout (``int8_gemv.cpp``):
@@ -107,7 +166,9 @@ def pack(
     not zero) and ``S / 16`` six-bit units; ``row_scale`` is all ones. ``S`` is the largest of
     256, 128 and 64 that divides ``K`` and over which the constants factor (:func:`factor`);
     None where none does. Rows are factored and written a chunk at a time (an LM head's
-    temporaries stay small)."""
+    temporaries stay small). ``quads``: the units in quad order, ``qweight # [Np / 16, K / S,
+    H + 3 S / 16, 2, 32]`` (the same bytes a block, its two 32-byte halves the tile's two
+    halves of 8 rows)."""
     n, k = codes.shape
     if scale.shape != (n, k // _SUB) or k % _SUB:
         return None
@@ -119,7 +180,7 @@ def pack(
                 continue
             shifted = _factor_rows(offset.float(), superblock // _SUB) if offsets else None
             if shifted is not None or not offsets:
-                return _write(codes, scaled, shifted, superblock)
+                return _write(codes, scaled, shifted, superblock, quads)
     return None
 
 
@@ -141,6 +202,7 @@ def _write(
     scaled: tuple[torch.Tensor, torch.Tensor],
     shifted: tuple[torch.Tensor, torch.Tensor] | None,
     superblock: int,
+    quads: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     n, k = codes.shape
     per = superblock // _SUB
@@ -155,7 +217,7 @@ def _write(
         t0, t1 = start // TILE_ROWS, (stop + pad) // TILE_ROWS
         rows = torch.nn.functional.pad(codes[start:stop], (0, 0, 0, pad))
         units = qweight[t0:t1, :, head:].view(t1 - t0, nsuper, per, 3, BLOCK_BYTES)
-        units.copy_(six_bit.pack_units(rows).view(units.shape))
+        units.copy_(six_bit.pack_units(rows, quads).view(units.shape))
         for i, (d, c) in enumerate(parts):
             dd = torch.nn.functional.pad(d[start:stop], (0, 0, 0, pad))
             qweight[t0:t1, :, i].view(torch.float32).copy_(
@@ -167,6 +229,8 @@ def _write(
             block.view(t1 - t0, nsuper, per, 16).copy_(
                 cc.view(t1 - t0, TILE_ROWS, nsuper, per).permute(0, 2, 3, 1)
             )
+    if quads:
+        qweight = qweight.view(*qweight.shape[:3], 2, BLOCK_BYTES // 2)
     return qweight, torch.ones(tiles * TILE_ROWS, dtype=torch.float32), superblock
 
 
@@ -174,7 +238,10 @@ def unpack(
     qweight: torch.Tensor, out_features: int, superblock: int = SUPERBLOCK
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The inverse of :func:`pack`: ``(codes # [N, K] int8, scale, offset # [N, K / 16]
-    fp32)`` of a superblock ``qweight``, the constants ``d·code`` (exact)."""
+    fp32)`` of a superblock ``qweight`` (either order), the constants ``d·code`` (exact)."""
+    quads = qweight.dim() == 5
+    if quads:
+        qweight = qweight.reshape(*qweight.shape[:3], BLOCK_BYTES)
     tiles, nsuper, blocks, _ = qweight.shape
     per = superblock // _SUB
     head = blocks - 3 * per
@@ -182,7 +249,7 @@ def unpack(
     if head != header_blocks(superblock, kinds == 2):
         raise ValueError(f"not a superblock qweight for superblock {superblock}: {blocks} blocks")
     units = qweight[:, :, head:].reshape(tiles, nsuper * per, 3, BLOCK_BYTES)
-    byte_blocks = six_bit.unpack_units(units)  # [T, K / 4, 64]: byte h*32 + c*8 + r
+    byte_blocks = six_bit.unpack_units(units, quads)  # [T, K / 4, 64]: byte h*32 + c*8 + r
     k = nsuper * superblock
     codes = byte_blocks.view(tiles, k // 4, 2, 4, 8).permute(0, 2, 4, 1, 3)  # [T, h, r, B, c]
     codes = codes.reshape(tiles * TILE_ROWS, k)[:out_features]

@@ -1250,6 +1250,7 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
   const bool inline_constants = scales.numel() == 0;
   int64_t ngroups = 0;
   int super_form = 0;
+  bool quad_order = false;
   if (bits == 6) {
     // six-bit int8-group codes: [Np/16, K/G, 3 G/16 + 1, 64], G/16 units of three code blocks
     // a group, then the constants (always inline); or, with superblock constants, G/16 units
@@ -1257,19 +1258,25 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
     STD_TORCH_CHECK(group_size > 0 && group_size % 16 == 0, what,
                     ": six-bit codes need a group_size that is a positive multiple of 16");
     const int64_t units = 3 * group_size / 16;
-    const bool shape_ok = qweight.scalar_type() == ScalarType::Char && qweight.dim() == 4 &&
-                          qweight.size(3) == kBlockBytes && qweight.is_contiguous();
+    // five dimensions: superblock constants with the units in quad order (int8_gemv.cpp)
+    quad_order = qweight.dim() == 5;
+    const bool shape_ok =
+        qweight.scalar_type() == ScalarType::Char && qweight.is_contiguous() &&
+        ((qweight.dim() == 4 && qweight.size(3) == kBlockBytes) ||
+         (quad_order && qweight.size(3) == 2 && qweight.size(4) == kBlockBytes / 2));
     if (shape_ok && group_size % 64 == 0 && qweight.size(2) == units + 1 + group_size / 64) {
       super_form = 1;
     } else if (shape_ok && group_size % 64 == 0 &&
                qweight.size(2) == units + 2 + group_size / 32) {
       super_form = 2;
     } else {
-      STD_TORCH_CHECK(shape_ok && qweight.size(2) == units + 1, what,
+      STD_TORCH_CHECK(shape_ok && !quad_order && qweight.size(2) == units + 1, what,
                       ": six-bit qweight must be contiguous int8 [Np/16, K/G, ", units + 1,
                       ", 64] for group_size ", group_size,
                       " (or with superblock constants: ", units + 1 + group_size / 64, " or ",
-                      units + 2 + group_size / 32, " blocks a group, G a multiple of 64)");
+                      units + 2 + group_size / 32,
+                      " blocks a group, G a multiple of 64; in quad order [Np/16, K/G, blocks, 2, "
+                      "32])");
     }
     STD_TORCH_CHECK(inline_constants, what,
                     ": six-bit codes keep their constants inline (scales must be empty fp16)");
@@ -1320,7 +1327,8 @@ PackedWeight tile_packed_weight(const Tensor& qweight, const Tensor& scales,
                  ngroups * group_size, group_size, bits};
   w.inline_constants = inline_constants;
   w.super_form = super_form;
-  w.tile_bytes = qweight.size(1) * (qweight.dim() == 4 ? qweight.size(2) : 1) * kBlockBytes;
+  w.quad_order = quad_order;
+  w.tile_bytes = qweight.size(1) * (qweight.dim() >= 4 ? qweight.size(2) : 1) * kBlockBytes;
   return w;
 }
 

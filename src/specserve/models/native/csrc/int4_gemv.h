@@ -37,6 +37,9 @@ struct PackedWeight {
   // offset codes of 32-input sub-groups per superblock of 256 inputs; qweight
   // [Np / 16, K / 256, 36, 64]).
   int super_form = 0;
+  // Super forms 1 and 2 with each six-bit unit's bytes in quad order (a five-dimensional
+  // qweight [Np / 16, K / G, H + 3 G / 16, 2, 32]: run_block_quads in int8_gemv.cpp).
+  bool quad_order = false;
 };
 
 // Checks dtype, shape and contiguity of a packed weight's three tensors, int4 (bits 4) or int8

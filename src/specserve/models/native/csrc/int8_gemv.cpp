@@ -39,6 +39,8 @@
 // six-bit codes as bf16 pairs instead (run_block_dot: fewer instructions, other rounding);
 // where it also has VNNI, those with superblock constants multiply x rounded to int8 per 32
 // inputs (run_block_super_x8, int8_x.h; SPECSERVE_INT8_ACTIVATIONS=0 keeps bf16 pairs).
+// Elsewhere (AVX2) six-bit codes with superblock constants are packed with each unit's bytes
+// in quad order and always multiply int8 x (run_block_quads: vpmaddubsw, vpmaddwd).
 //
 // Per output (m, n) the arithmetic is fixed (independent of M, of the other rows and of the
 // thread split, which is over tiles of N only), so every row is bit-identical to a 1-row call:
@@ -937,6 +939,194 @@ constexpr bool kSixBitDot = false;
 
 #endif  // __AVX512F__
 
+// ---- six-bit codes in quad order with superblock constants, on int8 activations (AVX2) ------
+//
+// The superblock layout of run_block_super (header blocks d, e and the sub-groups' scale and
+// offset codes, then S / 16 six-bit units), with each unit's bytes in quad order: byte
+// 32 h + 4 r + c of every block u_b is row 8 h + r, input k0 + 4 b + c, so a 32-byte half of
+// an unpacked block holds 8 rows' 4 inputs each (qweight [Np / 16, K / S, H + 3 S / 16, 2, 32],
+// superblock.py). Those are vpmaddubsw operands as they unpack: against a broadcast word of
+// four xq (quantise_x8_rows, int8_x.h) it sums a row's two input pairs in two 16-bit lanes,
+// and vpmaddwd with the sub-group's scale codes (each row's code in both 16-bit halves of its
+// lane) multiplies and widens them at once. Per output (m, n) and region of 32 inputs (sub-
+// groups j0 and j1, xq's step `step` of the region):
+//     isum = sc_j0 * sum_j0 u * xq + sc_j1 * sum_j1 u * xq - 32 * (sc_j0 qsum_j0 + sc_j1 qsum_j1)
+//                                                      (exact in int32: below 2^26)
+//     y = fma(d * step, float(isum), y)
+//     (offsets) y = fma(e * mo_j, xsum[m, j], y)  for j = j0, j1
+//   out = y * row_scale   (ones)
+// A u * xq pair sums to at most 2 * 63 * 127 in a 16-bit lane, two blocks' to 32004, below
+// 2^15. Fixed per output whatever M or the thread split. These weights are packed where int8
+// activations are on at load (superblock.py), and always take them.
+constexpr int64_t kMaxRowsQuads = 8;  // rows of a register block, one half at a time
+
+// The quad-order unit's four blocks u_0 .. u_3 of half h (rows 8 h .. 8 h + 7) from its three
+// packed blocks at w (L0, L1, H as six_bit.pack_units writes them, in quad order).
+inline void unpack_quads(const int8_t* w, int h, __m256i (&u)[4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  const auto load = [&](int block) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kBlockBytes * block + 32 * h));
+  };
+  const __m256i l0 = load(0), l1 = load(1), hb = load(2);
+  // 16-bit shifts: the masks drop what crosses a byte
+  u[0] = _mm256_or_si256(_mm256_and_si256(l0, low),
+                         _mm256_and_si256(_mm256_slli_epi16(hb, 4), high));
+  u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                         _mm256_and_si256(_mm256_slli_epi16(hb, 2), high));
+  u[2] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(hb, high));
+  u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), high));
+}
+
+// The 8 int8 codes at c (a sub-group's codes of one half's rows) as int32 lanes holding the
+// code in both 16-bit halves: vpmaddwd's multiplier of a row's two 16-bit sums.
+inline __m256i code_pairs16(const int8_t* c) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+  return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA);
+}
+
+// The codes of sub-groups j0 (at c0) and j1 (at c1) of one half's rows as int16 pairs
+// (j0 low, j1 high) in each row's lane.
+inline __m256i code_pair_j(const int8_t* c0, const int8_t* c1) {
+  const __m256i a = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c0)));
+  const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c1)));
+  return _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xAA);
+}
+
+// Tiles [tile0, tile0 + NT), halves [h0, h0 + NH), the MR rows of the row block at m0: the
+// arithmetic above.
+template <int NT, int NH, int MR, bool kOffsets>
+void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
+  const int64_t groups = p.groups_per_super;  // sub-groups of 16 a superblock
+  const int64_t kinds = kOffsets ? 2 : 1;
+  const int64_t header = kinds * (1 + groups / 4);
+  const int64_t nsub = p.K / specserve_native::kInt8XGroup;
+  const int8_t* w[NT];
+#pragma GCC unroll 16
+  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
+  const char* ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
+  const int32_t* xw[MR];
+  const float* xd[MR];
+  const int32_t* qs[MR];
+  const float* xs[MR];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) {
+    xw[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
+    xd[m] = p.xstep + (m0 + m) * nsub;
+    qs[m] = p.qsum + (m0 + m) * p.ngroups;
+    xs[m] = p.xsum + (m0 + m) * p.ngroups;
+  }
+
+  __m256 y[NT][NH][MR];
+  specserve_native::set_zero(y);
+  const int64_t nsuper = p.ngroups / groups;
+  for (int64_t sb = 0; sb < nsuper; ++sb) {
+    const int8_t* head[NT];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) head[t] = w[t];
+    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    for (int64_t r = 0; r < groups / 2; ++r) {  // regions of 32 inputs
+      const int64_t g0 = sb * groups + 2 * r;    // the region's first sub-group
+      __m256i acc[NT][NH][MR];
+      specserve_native::set_zero(acc);
+#pragma GCC unroll 2
+      for (int64_t jj = 0; jj < 2; ++jj) {
+        const int64_t g = g0 + jj;
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+          for (int h = 0; h < NH; ++h) {
+            __m256i u[4];
+            unpack_quads(w[t], h0 + h, u);
+            const __m256i sc =
+                code_pairs16(head[t] + kinds * kBlockBytes + 16 * (2 * r + jj) + 8 * (h0 + h));
+#pragma GCC unroll 16
+            for (int m = 0; m < MR; ++m) {
+              const int32_t* xb = xw[m] + 4 * g;  // the sub-group's four words of xq
+              const __m256i p01 = _mm256_add_epi16(
+                  _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xb[0])),
+                  _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xb[1])));
+              const __m256i p23 = _mm256_add_epi16(
+                  _mm256_maddubs_epi16(u[2], _mm256_set1_epi32(xb[2])),
+                  _mm256_maddubs_epi16(u[3], _mm256_set1_epi32(xb[3])));
+              acc[t][h][m] = _mm256_add_epi32(
+                  acc[t][h][m], _mm256_add_epi32(_mm256_madd_epi16(p01, sc),
+                                                 _mm256_madd_epi16(p23, sc)));
+            }
+          }
+        }
+#pragma GCC unroll 3
+        for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; ++h) {
+          const int64_t half = 8 * (h0 + h);
+          const int8_t* codes = head[t] + kinds * kBlockBytes + 16 * (2 * r) + half;
+          const __m256i scj = code_pair_j(codes, codes + 16);
+          const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(head[t]) + half);
+          __m256 e_mo[2];
+          if constexpr (kOffsets) {
+            const __m256 e =
+                _mm256_loadu_ps(reinterpret_cast<const float*>(head[t] + kBlockBytes) + half);
+            const int8_t* mo = codes + (groups / 4) * kBlockBytes;
+#pragma GCC unroll 2
+            for (int jj = 0; jj < 2; ++jj)
+              e_mo[jj] = _mm256_mul_ps(
+                  e, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mo + 16 * jj)))));
+          }
+#pragma GCC unroll 16
+          for (int m = 0; m < MR; ++m) {
+            // |qsum| <= 16 * 127: both fit an int16
+            const uint32_t qpair = (static_cast<uint32_t>(qs[m][g0]) & 0xFFFFu) |
+                                   (static_cast<uint32_t>(qs[m][g0 + 1]) << 16);
+            const __m256i corr = _mm256_madd_epi16(scj, _mm256_set1_epi32(static_cast<int32_t>(qpair)));
+            const __m256i isum = _mm256_sub_epi32(acc[t][h][m], _mm256_slli_epi32(corr, 5));
+            const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xd[m][g0 / 2]));
+            y[t][h][m] = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(isum), y[t][h][m]);
+            if constexpr (kOffsets) {
+#pragma GCC unroll 2
+              for (int jj = 0; jj < 2; ++jj)
+                y[t][h][m] =
+                    _mm256_fmadd_ps(e_mo[jj], _mm256_set1_ps(xs[m][g0 + jj]), y[t][h][m]);
+            }
+          }
+        }
+      }
+    }
+  }
+  specserve_native::store_halves<NT, NH, MR>(p, tile0, h0, m0, y);
+}
+
+// One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRowsQuads), one half at a
+// time (each half's accumulators and sums in registers).
+template <bool kOffsets>
+void run_rows_quads(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
+  specserve_native::with_rows<kMaxRowsQuads>(rows, [&](auto mr) {
+    for (int h = 0; h < 2; ++h)
+      run_block_quads<1, 1, decltype(mr)::value, kOffsets>(p, tile0, h, m0);
+  });
+}
+
+// Tiles [begin, end), all rows: one row over both halves of a tile at once, else one half at
+// a time for each row block in turn (the tile's codes stay in L2).
+template <bool kOffsets>
+void run_range_quads(const Problem& p, int64_t begin, int64_t end) {
+  if (p.M == 1) {
+    for (int64_t t = begin; t < end; ++t) run_block_quads<1, 2, 1, kOffsets>(p, t, 0, 0);
+    return;
+  }
+  const int64_t nblocks = specserve_native::num_row_blocks(p.M, kMaxRowsQuads);
+  for (int64_t t = begin; t < end; ++t) {
+    for (int64_t i = 0; i < nblocks; ++i) {
+      const int64_t m0 = specserve_native::row_block_start(p.M, kMaxRowsQuads, i);
+      run_rows_quads<kOffsets>(
+          p, t, m0, specserve_native::row_block_start(p.M, kMaxRowsQuads, i + 1) - m0);
+    }
+  }
+}
 
 // One tile, the row block at m0 with `rows` rows (1 <= rows <= kMaxRows): both halves at once
 // for up to 6 rows (each broadcast input serves two FMAs), one half at a time for 7 - 8 (the
@@ -1026,9 +1216,9 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   const int64_t ntiles = (w.N + kTile - 1) / kTile;
   if (M == 0 || w.N == 0) return;
 #ifndef SPECSERVE_INT8_DOT
-  STD_TORCH_CHECK(w.super_form == 0,
+  STD_TORCH_CHECK(w.super_form == 0 || w.quad_order,
                   "int8_matmul: six-bit codes with superblock constants need the AVX-512 BF16 / "
-                  "VBMI / GFNI build of the kernel");
+                  "VBMI / GFNI build of the kernel (or their quad order, superblock.py)");
 #endif
   std::vector<float> xsum(static_cast<size_t>(M * ngroups));
   group_sums(x, xsum.data(), M, K, sum_group);
@@ -1039,23 +1229,28 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     });
     return;
   }
+  // superblock constants on int8 activations: x quantised, no pair interleaving; the quad
+  // order always (run_block_quads)
+  const bool quads = w.super_form != 0 && w.quad_order;
 #if defined(SPECSERVE_INT8_X) && defined(SPECSERVE_INT8_DOT)
-  // superblock constants on int8 activations: x quantised, no pair interleaving
-  const bool x8 = w.super_form != 0 && K % kInt8XGroup == 0 && int8_activations();
+  const bool x8 = quads || (w.super_form != 0 && K % kInt8XGroup == 0 && int8_activations());
 #else
-  constexpr bool x8 = false;
+  const bool x8 = quads;
 #endif
   std::vector<int8_t> x8q(static_cast<size_t>(x8 ? M * K : 0));
   std::vector<float> x8step(static_cast<size_t>(x8 ? M * K / 32 : 0));  // a step per 32
   std::vector<int32_t> x8sum(static_cast<size_t>(x8 ? M * K / 16 : 0));  // a sum per 16
+  if (quads) {
+    specserve_native::quantise_x8_rows(x, M, K, x8q.data(), x8step.data(), x8sum.data());
+  }
 #ifdef SPECSERVE_INT8_X
-  if (x8) quantise_x8(x, M, K, false, x8q.data(), x8step.data(), x8sum.data());
+  if (x8 && !quads) quantise_x8(x, M, K, false, x8q.data(), x8step.data(), x8sum.data());
 #endif
   const Layout layout = w.bits == 6 ? kSixBit : w.inline_constants ? kInline : kApart;
 #ifdef __AVX512F__
   const bool wide = wide_vectors() && (layout != kSixBit || kWideSixBit);
   // superblock constants run on their bf16-pair kernel only, whatever the switch
-  const bool dot = (wide && layout == kSixBit && kSixBitDot) || w.super_form != 0;
+  const bool dot = !quads && ((wide && layout == kSixBit && kSixBitDot) || w.super_form != 0);
 #else
   const bool dot = false;
 #endif
@@ -1102,6 +1297,14 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
       1, (int64_t{128} << 10) / (tile_group_bytes * std::min<int64_t>(M + 1, 16)));
   torch::stable::parallel_for(0, ntile_groups, grain, [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kTileGroup, last = std::min(ntiles, end * kTileGroup);
+    if (quads) {
+      if (w.super_form == 2) {
+        run_range_quads<true>(p, first, last);
+      } else {
+        run_range_quads<false>(p, first, last);
+      }
+      return;
+    }
 #ifdef SPECSERVE_INT8_DOT
     if (dot) {  // every weight with superblock constants
 #ifdef SPECSERVE_INT8_X

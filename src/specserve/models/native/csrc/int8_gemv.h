@@ -19,10 +19,10 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 // Whether this CPU runs the int8-group kernel (AVX2 + FMA + F16C).
 bool int8_cpu_supported();
 
-// The code width of an int8-group qweight: 6 when it is four-dimensional (six-bit units, see
-// int8_gemv.cpp), else 8.
+// The code width of an int8-group qweight: 6 when it is four- or five-dimensional (six-bit
+// units, see int8_gemv.cpp; five dimensions: their quad order), else 8.
 inline int int8_code_bits(const torch::stable::Tensor& qweight) {
-  return qweight.dim() == 4 ? 6 : 8;
+  return qweight.dim() >= 4 ? 6 : 8;
 }
 
 // tile_packed_weight with bits 4 for a uint8 qweight (int4 layout), 8 or 6 for an int8 one.

@@ -89,3 +89,65 @@ inline void quantise_x8(const uint16_t* x, int64_t M, int64_t K, bool q4_order, 
 }  // namespace specserve_native
 
 #endif  // SPECSERVE_INT8_X
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "simd.h"
+
+namespace specserve_native {
+
+// quantise_x8's rounding in input order, eight lanes a vector (every build from AVX2 on): for
+// the AVX2 kernel of six-bit codes in quad order (int8_gemv.cpp's run_block_quads). Each row
+// of x [M, K] (bf16) per group of 32 inputs: step = max |x| / 127 (0 for an all-zero group,
+// NaN where the group holds a NaN or an infinity), xq = x / step rounded to nearest even into
+// xq [M, K], and the int32 sums of xq per 16 inputs into qsum16 [M, K / 16]. Row by row: the
+// same arithmetic whatever M.
+inline void quantise_x8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* step,
+                             int32_t* qsum16) {
+  const int64_t ngroups = K / kInt8XGroup;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+  // packs_epi32 then packs_epi16 leave the four vectors' 4-lane runs interleaved per 128 bits
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const auto sum8 = [](__m256i v) {
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+  };
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const int64_t at = m * K + g * kInt8XGroup;
+      __m256 v[4], top = _mm256_setzero_ps();
+      bool finite = true;
+      for (int i = 0; i < 4; ++i) {
+        v[i] = load_bf16x8(x + at + 8 * i);
+        const __m256 a = _mm256_and_ps(v[i], abs_mask);
+        // a NaN or an infinity fails the comparison
+        finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
+        top = _mm256_max_ps(top, a);
+      }
+      const float t = reduce_max(top);
+      int32_t* sums = qsum16 + at / 16;
+      if (!finite || t == 0.0f) {
+        step[m * ngroups + g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+        std::memset(xq + at, 0, kInt8XGroup);
+        sums[0] = sums[1] = 0;
+        continue;
+      }
+      step[m * ngroups + g] = t / 127.0f;
+      const __m256 inv = _mm256_set1_ps(127.0f / t);
+      __m256i q[4];
+      for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // even
+      sums[0] = sum8(_mm256_add_epi32(q[0], q[1]));
+      sums[1] = sum8(_mm256_add_epi32(q[2], q[3]));
+      // |xq| <= 127: the packs are exact
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                               _mm256_packs_epi32(q[2], q[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + at),
+                          _mm256_permutevar8x32_epi32(bytes, order));
+    }
+  }
+}
+
+}  // namespace specserve_native
+
+#endif  // AVX2
