@@ -1064,7 +1064,8 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
         for (int h = 0; h < NH; ++h) {
           const int64_t half = 8 * (h0 + h);
           const int8_t* codes = head[t] + kinds * kBlockBytes + 16 * (2 * r) + half;
-          const __m256i scj = code_pair_j(codes, codes + 16);
+          // 32 sc_j in each 16-bit half (|32 sc| <= 4096): the correction in one vpmaddwd
+          const __m256i scj32 = _mm256_slli_epi16(code_pair_j(codes, codes + 16), 5);
           const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(head[t]) + half);
           __m256 e_mo[2];
           if constexpr (kOffsets) {
@@ -1082,8 +1083,9 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
             // |qsum| <= 16 * 127: both fit an int16
             const uint32_t qpair = (static_cast<uint32_t>(qs[m][g0]) & 0xFFFFu) |
                                    (static_cast<uint32_t>(qs[m][g0 + 1]) << 16);
-            const __m256i corr = _mm256_madd_epi16(scj, _mm256_set1_epi32(static_cast<int32_t>(qpair)));
-            const __m256i isum = _mm256_sub_epi32(acc[t][h][m], _mm256_slli_epi32(corr, 5));
+            const __m256i corr =
+                _mm256_madd_epi16(scj32, _mm256_set1_epi32(static_cast<int32_t>(qpair)));
+            const __m256i isum = _mm256_sub_epi32(acc[t][h][m], corr);
             const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xd[m][g0 / 2]));
             y[t][h][m] = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(isum), y[t][h][m]);
             if constexpr (kOffsets) {
@@ -1115,7 +1117,9 @@ void run_rows_quads(const Problem& p, int64_t tile0, int64_t m0, int64_t rows) {
 template <bool kOffsets>
 void run_range_quads(const Problem& p, int64_t begin, int64_t end) {
   if (p.M == 1) {
-    for (int64_t t = begin; t < end; ++t) run_block_quads<1, 2, 1, kOffsets>(p, t, 0, 0);
+    int64_t t = begin;
+    for (; t + 2 <= end; t += 2) run_block_quads<2, 2, 1, kOffsets>(p, t, 0, 0);
+    for (; t < end; ++t) run_block_quads<1, 2, 1, kOffsets>(p, t, 0, 0);
     return;
   }
   const int64_t nblocks = specserve_native::num_row_blocks(p.M, kMaxRowsQuads);
