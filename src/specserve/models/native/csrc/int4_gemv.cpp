@@ -1007,23 +1007,14 @@ void quantise_rows_x8(const uint16_t* x, int64_t M, int64_t K, uint8_t* ops, flo
                       int32_t* centre) {
   constexpr int64_t kGroup = specserve_native::kInt8XGroup;
   const int64_t nsub = K / kGroup;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
   const __m128i pairs_lo = _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3);
   const __m128i pairs_hi = _mm_add_epi8(pairs_lo, _mm_set1_epi8(4));
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t j = 0; j < nsub; ++j) {
       const int64_t at = m * K + j * kGroup;
-      __m256 v[4], top = _mm256_setzero_ps();
-      bool finite = true;
-      for (int i = 0; i < 4; ++i) {
-        v[i] = specserve_native::load_bf16x8(x + at + 8 * i);
-        const __m256 a = _mm256_and_ps(v[i], abs_mask);
-        // a NaN or an infinity fails the comparison
-        finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
-        top = _mm256_max_ps(top, a);
-      }
-      const float t = specserve_native::reduce_max(top);
+      __m256 v[4];
+      float t;
+      const bool finite = specserve_native::load_x32(x + at, v, t);
       uint8_t* o = ops + at * 4;
       if (!finite || t == 0.0f) {
         step[m * nsub + j] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();

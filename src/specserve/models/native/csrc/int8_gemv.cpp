@@ -213,6 +213,32 @@ inline const char* sweep_start(const Problem& p, int64_t tile0, int64_t tile_byt
                                            tile_bytes);
 }
 
+// The streams of the kernels on int8 activations with superblock constants (run_block_super_x8,
+// run_block_quads): tiles [tile0, tile0 + NT) of the weight, and for each of the MR rows of x
+// from m0 its xq as words, its steps per 32 inputs, its sums of xq and of x per 16.
+template <int NT, int MR>
+struct X8Streams {
+  const int8_t* w[NT];
+  const char* ahead;
+  const int32_t* xw[MR];
+  const float* xd[MR];
+  const int32_t* qs[MR];
+  const float* xs[MR];
+
+  X8Streams(const Problem& p, int64_t tile0, int64_t m0) {
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
+    ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      xw[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
+      xd[m] = p.xstep + (m0 + m) * (p.K / specserve_native::kInt8XGroup);
+      qs[m] = p.qsum + (m0 + m) * p.ngroups;
+      xs[m] = p.xsum + (m0 + m) * p.ngroups;
+    }
+  }
+};
+
 // Input c's codes of one half of a tile's block as fp32 (exact).
 inline __m256 codes_f32(const int8_t* block, int64_t offset) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + offset));
@@ -839,35 +865,21 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
   constexpr bool kTwo = NT * MR <= 4;
   const int64_t groups = p.groups_per_super;
   const int64_t code_blocks = groups / 4;
-  const int8_t* w[NT];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
-  const char* ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
-  const int32_t* xw[MR];
-  const float* xd[MR];
-  const int32_t* qs[MR];
-  const float* xs[MR];
-#pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m) {
-    xw[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
-    xd[m] = p.xstep + (m0 + m) * (p.K / kInt8XGroup);
-    qs[m] = p.qsum + (m0 + m) * p.ngroups;
-    xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  }
+  X8Streams<NT, MR> s(p, tile0, m0);
 
   __m512 y[NT][MR];
   zero(y);
   const int64_t nsuper = p.ngroups / groups;
   for (int64_t sb = 0; sb < nsuper; ++sb) {
     const int8_t* head[NT];
-    skip_super_header<NT, kOffsets>(p, w, ahead, head);
+    skip_super_header<NT, kOffsets>(p, s.w, s.ahead, head);
     __m512 ys[NT][MR], yo[NT][MR];
     zero(ys);
     if constexpr (kOffsets) zero(yo);
     for (int64_t j = 0; j < groups; ++j) {
       const int64_t g = sb * groups + j;
       __m512i l0[NT], l1[NT], hb[NT];
-      next_unit<NT>(p, w, ahead, l0, l1, hb);
+      next_unit<NT>(p, s.w, s.ahead, l0, l1, hb);
       __m512i a0[NT][MR], a1[NT][MR];
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t)
@@ -876,10 +888,10 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
           a0[t][m] = _mm512_setzero_si512();
           a1[t][m] = _mm512_setzero_si512();
         }
-      block_quads<0, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
-      block_quads<1, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
-      block_quads<2, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
-      block_quads<3, NT, MR, kTwo>(l0, l1, hb, quads, xw, 4 * g, a0, a1);
+      block_quads<0, NT, MR, kTwo>(l0, l1, hb, quads, s.xw, 4 * g, a0, a1);
+      block_quads<1, NT, MR, kTwo>(l0, l1, hb, quads, s.xw, 4 * g, a0, a1);
+      block_quads<2, NT, MR, kTwo>(l0, l1, hb, quads, s.xw, 4 * g, a0, a1);
+      block_quads<3, NT, MR, kTwo>(l0, l1, hb, quads, s.xw, 4 * g, a0, a1);
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
         const int8_t* codes = head[t] + (kOffsets ? 2 : 1) * kBlockBytes + 16 * j;
@@ -887,12 +899,12 @@ void run_block_super_x8(const Problem& p, int64_t tile0, int64_t m0) {
 #pragma GCC unroll 16
         for (int m = 0; m < MR; ++m) {
           const __m512i sum = kTwo ? _mm512_add_epi32(a0[t][m], a1[t][m]) : a0[t][m];
-          const __m512i centred = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * qs[m][g]));
+          const __m512i centred = _mm512_sub_epi32(sum, _mm512_set1_epi32(32 * s.qs[m][g]));
           const __m512 a =
-              _mm512_mul_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(xd[m][g / 2]));
+              _mm512_mul_ps(_mm512_cvtepi32_ps(centred), _mm512_set1_ps(s.xd[m][g / 2]));
           ys[t][m] = _mm512_fmadd_ps(sc, a, ys[t][m]);
         }
-        if constexpr (kOffsets) offset_term<MR>(codes + code_blocks * kBlockBytes, xs, g, yo[t]);
+        if constexpr (kOffsets) offset_term<MR>(codes + code_blocks * kBlockBytes, s.xs, g, yo[t]);
       }
     }
     finish_superblock<NT, MR, kOffsets>(head, ys, yo, y);
@@ -1000,22 +1012,7 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const int64_t groups = p.groups_per_super;  // sub-groups of 16 a superblock
   const int64_t kinds = kOffsets ? 2 : 1;
   const int64_t header = kinds * (1 + groups / 4);
-  const int64_t nsub = p.K / specserve_native::kInt8XGroup;
-  const int8_t* w[NT];
-#pragma GCC unroll 16
-  for (int t = 0; t < NT; ++t) w[t] = p.qweight + (tile0 + t) * p.tile_bytes;
-  const char* ahead = sweep_start<NT>(p, tile0, p.tile_bytes);
-  const int32_t* xw[MR];
-  const float* xd[MR];
-  const int32_t* qs[MR];
-  const float* xs[MR];
-#pragma GCC unroll 16
-  for (int m = 0; m < MR; ++m) {
-    xw[m] = reinterpret_cast<const int32_t*>(p.xq + (m0 + m) * p.K);
-    xd[m] = p.xstep + (m0 + m) * nsub;
-    qs[m] = p.qsum + (m0 + m) * p.ngroups;
-    xs[m] = p.xsum + (m0 + m) * p.ngroups;
-  }
+  X8Streams<NT, MR> s(p, tile0, m0);
 
   __m256 y[NT][NH][MR];
   specserve_native::set_zero(y);
@@ -1023,8 +1020,8 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   for (int64_t sb = 0; sb < nsuper; ++sb) {
     const int8_t* head[NT];
 #pragma GCC unroll 16
-    for (int t = 0; t < NT; ++t) head[t] = w[t];
-    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, w, ahead);
+    for (int t = 0; t < NT; ++t) head[t] = s.w[t];
+    for (int64_t i = 0; i < header; ++i) next_block<NT>(p, s.w, s.ahead);
     for (int64_t r = 0; r < groups / 2; ++r) {  // regions of 32 inputs
       const int64_t g0 = sb * groups + 2 * r;    // the region's first sub-group
       __m256i acc[NT][NH][MR];
@@ -1037,12 +1034,12 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 2
           for (int h = 0; h < NH; ++h) {
             __m256i u[4];
-            unpack_quads(w[t], h0 + h, u);
+            unpack_quads(s.w[t], h0 + h, u);
             const __m256i sc =
                 code_pairs16(head[t] + kinds * kBlockBytes + 16 * (2 * r + jj) + 8 * (h0 + h));
 #pragma GCC unroll 16
             for (int m = 0; m < MR; ++m) {
-              const int32_t* xb = xw[m] + 4 * g;  // the sub-group's four words of xq
+              const int32_t* xb = s.xw[m] + 4 * g;  // the sub-group's four words of xq
               const __m256i p01 = _mm256_add_epi16(
                   _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(xb[0])),
                   _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(xb[1])));
@@ -1056,7 +1053,7 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
           }
         }
 #pragma GCC unroll 3
-        for (int i = 0; i < 3; ++i) next_block<NT>(p, w, ahead);
+        for (int i = 0; i < 3; ++i) next_block<NT>(p, s.w, s.ahead);
       }
 #pragma GCC unroll 16
       for (int t = 0; t < NT; ++t) {
@@ -1081,18 +1078,18 @@ void run_block_quads(const Problem& p, int64_t tile0, int h0, int64_t m0) {
 #pragma GCC unroll 16
           for (int m = 0; m < MR; ++m) {
             // |qsum| <= 16 * 127: both fit an int16
-            const uint32_t qpair = (static_cast<uint32_t>(qs[m][g0]) & 0xFFFFu) |
-                                   (static_cast<uint32_t>(qs[m][g0 + 1]) << 16);
+            const uint32_t qpair = (static_cast<uint32_t>(s.qs[m][g0]) & 0xFFFFu) |
+                                   (static_cast<uint32_t>(s.qs[m][g0 + 1]) << 16);
             const __m256i corr =
                 _mm256_madd_epi16(scj32, _mm256_set1_epi32(static_cast<int32_t>(qpair)));
             const __m256i isum = _mm256_sub_epi32(acc[t][h][m], corr);
-            const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(xd[m][g0 / 2]));
+            const __m256 ds = _mm256_mul_ps(d, _mm256_set1_ps(s.xd[m][g0 / 2]));
             y[t][h][m] = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(isum), y[t][h][m]);
             if constexpr (kOffsets) {
 #pragma GCC unroll 2
               for (int jj = 0; jj < 2; ++jj)
                 y[t][h][m] =
-                    _mm256_fmadd_ps(e_mo[jj], _mm256_set1_ps(xs[m][g0 + jj]), y[t][h][m]);
+                    _mm256_fmadd_ps(e_mo[jj], _mm256_set1_ps(s.xs[m][g0 + jj]), y[t][h][m]);
             }
           }
         }

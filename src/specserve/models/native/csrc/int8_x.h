@@ -95,6 +95,23 @@ inline void quantise_x8(const uint16_t* x, int64_t M, int64_t K, bool q4_order, 
 
 namespace specserve_native {
 
+// The 32 bf16 inputs at x as fp32 into v, their largest magnitude into top; whether all are
+// finite (a NaN or an infinity fails the comparison). The AVX2 quantisers' scan of a group.
+inline bool load_x32(const uint16_t* x, __m256 (&v)[4], float& top) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
+  __m256 t = _mm256_setzero_ps();
+  bool finite = true;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = load_bf16x8(x + 8 * i);
+    const __m256 a = _mm256_and_ps(v[i], abs_mask);
+    finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
+    t = _mm256_max_ps(t, a);
+  }
+  top = reduce_max(t);
+  return finite;
+}
+
 // quantise_x8's rounding in input order, eight lanes a vector (every build from AVX2 on): for
 // the AVX2 kernel of six-bit codes in quad order (int8_gemv.cpp's run_block_quads). Each row
 // of x [M, K] (bf16) per group of 32 inputs: step = max |x| / 127 (0 for an all-zero group,
@@ -104,8 +121,6 @@ namespace specserve_native {
 inline void quantise_x8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* xq, float* step,
                              int32_t* qsum16) {
   const int64_t ngroups = K / kInt8XGroup;
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
   // packs_epi32 then packs_epi16 leave the four vectors' 4-lane runs interleaved per 128 bits
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const auto sum8 = [](__m256i v) {
@@ -116,16 +131,9 @@ inline void quantise_x8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* xq
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < ngroups; ++g) {
       const int64_t at = m * K + g * kInt8XGroup;
-      __m256 v[4], top = _mm256_setzero_ps();
-      bool finite = true;
-      for (int i = 0; i < 4; ++i) {
-        v[i] = load_bf16x8(x + at + 8 * i);
-        const __m256 a = _mm256_and_ps(v[i], abs_mask);
-        // a NaN or an infinity fails the comparison
-        finite = finite && _mm256_movemask_ps(_mm256_cmp_ps(a, largest, _CMP_LE_OQ)) == 0xFF;
-        top = _mm256_max_ps(top, a);
-      }
-      const float t = reduce_max(top);
+      __m256 v[4];
+      float t;
+      const bool finite = load_x32(x + at, v, t);
       int32_t* sums = qsum16 + at / 16;
       if (!finite || t == 0.0f) {
         step[m * ngroups + g] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
