@@ -2,7 +2,8 @@
 // Q4_K and for the int4 format's groups, int8_gemv.cpp's Q6_K one): each row of x rounded per
 // 32 inputs to int8 steps, so that a weight's integer codes multiply it with vpdpbusd (64 byte
 // products an instruction, summed exactly in int32; vdpbf16ps takes 32 bf16 ones). The AVX2
-// int4 kernel rounds x the same way for its groups (its own quantiser, int4_gemv.cpp).
+// int4 kernel rounds x the same way for its groups (its own quantiser, int4_gemv.cpp), and so
+// does the AVX2 kernel of Q6_K's superblocks in quad order (quantise_x8_rows below).
 #pragma once
 
 #include <immintrin.h>
@@ -19,7 +20,8 @@ constexpr int64_t kInt8XGroup = 32;  // inputs sharing one step
 // Whether weights with superblock constants (the K-quants' Q4_K and Q6_K) and int4 weights
 // with per-group constants in groups of a multiple of 32 multiply int8 activations (the
 // default where the build has AVX-512 VNNI, or AVX2 for the int4 kernel's groups) or bf16
-// ones (SPECSERVE_INT8_ACTIVATIONS=0).
+// ones (SPECSERVE_INT8_ACTIVATIONS=0). Not read by the quad-order kernel (int8_gemv.cpp),
+// whose weights are packed for int8 activations (the switch read at load, superblock.py).
 // Read on every call, like sweep_prefetch() in simd.h, so that a benchmark can alternate both
 // in one process; unlike it, the switch changes the outputs (each row's the same way whatever
 // the batch).
