@@ -226,8 +226,7 @@ def pack(
     ``superblocks``: True writes six-bit codes of 16-input groups with superblock constants
     (:mod:`~specserve.models.native.superblock`: fewer bytes, the same weights; in quad order
     where :func:`superblock.quad_order`), False never; None (the default) wherever
-    :func:`superblock.preferred` and the constants factor (with ``code_bits`` None, also where
-    six-bit codes with per-group constants would not be preferred).
+    :func:`superblock.preferred` and the constants factor (``code_bits`` None: six bits then).
 
     Raises:
         ValueError: ``group_size`` is not a multiple of 4 dividing K, the codes are not int8,
@@ -256,10 +255,12 @@ def pack(
             raise ValueError("six-bit codes must lie in -32 .. 31")
     elif code_bits not in (None, 8):
         raise ValueError(f"code_bits must be 6, 8 or None, got {code_bits}")
-    six = code_bits != 8 and six_fits and six_bit.codes_fit(codes_all)
+    wanted = superblocks or (superblocks is None and superblock.preferred())
+    # six bits where asked, or where preferred (with superblocks or not) and the codes fit
+    asked = code_bits == 6 or (code_bits is None and six_fits and (wanted or six_bit.preferred()))
+    six = asked and (code_bits == 6 or six_bit.codes_fit(codes_all))  # scans every code
     if superblocks and not (six and gs == six_bit.UNIT_K):
         raise ValueError("superblock constants need six-bit codes in groups of 16")
-    wanted = superblocks or (superblocks is None and superblock.preferred())
     if six and gs == six_bit.UNIT_K and wanted:
         sb = superblock.pack(codes_all, weight.scale, weight.offset, superblock.quad_order())
         if sb is not None:

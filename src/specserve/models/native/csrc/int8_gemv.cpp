@@ -1231,8 +1231,8 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
     return;
   }
   // superblock constants on int8 activations: x quantised, no pair interleaving; the quad
-  // order always (run_block_quads)
-  const bool quads = w.super_form != 0 && w.quad_order;
+  // order (only ever superblock constants, tile_packed_weight) always: run_block_quads
+  const bool quads = w.quad_order;
 #if defined(SPECSERVE_INT8_X) && defined(SPECSERVE_INT8_DOT)
   const bool x8 = quads || (w.super_form != 0 && K % kInt8XGroup == 0 && int8_activations());
 #else
@@ -1255,14 +1255,16 @@ void int8_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
 #else
   const bool dot = false;
 #endif
-  // x as the kernels read it: bf16 pairs for the six-bit dot kernel, else fp32
-  std::vector<float> xf(dot ? 0 : static_cast<size_t>(M * K));
+  // x as the kernels read it: bf16 pairs for the six-bit dot kernel, fp32 for the fp32
+  // kernels (the quad-order kernel reads only xq)
+  const bool fp32_x = !dot && !quads;
+  std::vector<float> xf(fp32_x ? static_cast<size_t>(M * K) : 0);
   std::vector<uint32_t> xi(dot && M > 1 && !x8 ? static_cast<size_t>(M * K / 2) : 0);
   const uint32_t* xip = reinterpret_cast<const uint32_t*>(x);  // 1 row: itself
   if (dot && M > 1 && !x8) {
     specserve_native::interleave_pairs(xip, xi.data(), M, K / 2, kMaxRows);
     xip = xi.data();
-  } else if (!dot) {
+  } else if (fp32_x) {
     interleave_rows(x, xf.data(), M, K);
   }
   Problem p;
