@@ -47,9 +47,12 @@ multi-token verify is dear keeps short drafts. Replays of recorded traces
 (``benchmarks/k_replay.py --thresholds``) chose this over the per-position model with the
 same stop, and over always asking for the largest explored k.
 
-k = 0 is chosen whenever no k > 0 is expected to beat plain decoding. A request whose first
-decode step would be plain drafts one token there (a *start probe*: a draft model ran the
-prompt while the target prefilled it, so this costs a draft forward and a 2-token verify),
+k = 0 is chosen when no k > 0 is expected to beat plain decoding; where the request drafted at
+its last step, plain must win by ``DRAFTING_MARGIN`` (3 %): drafting updates the estimates,
+plain steps do not, and a near tie (a first draft of an answer's opening words rejected) had
+cost ``probe_interval`` plain steps. A request whose first decode step would be plain drafts
+one token there (a *start probe*: a draft model ran the prompt while the target prefilled it,
+so this costs a draft forward and a 2-token verify),
 so each request, a structured one after a run of prose too, gets its own look. Then every
 ``probe_interval`` plain steps times the request's backoff factor it probes with a small k
 so that its estimates can recover (the text may have turned repetitive). Probes after plain
@@ -70,21 +73,15 @@ guess for an untimed step (+2 % per token) made a 9-token verify look almost fre
 where each extra token costs 10-20 %, and a fresh controller's first rejected drafts paid 2-3
 plain steps each. The cap reaches k = 8 within three drafting steps when drafts are accepted.
 
-A drafting request reaches further now and then: every ``probe_interval`` steps with k > 0 it
-asks once for 2k + 1 drafts (within the explored k: a reach probe), so the sizes above its
-choice get timed again. Sizes are costed from their own timings and beyond the largest timed
-size along the slope of the two largest: one step timed slow by a busy machine, or a draft
-that stopped early while the estimates were young, otherwise kept a larger k looking dear
-and never timed, and the request drafted 1-3 tokens a step where 6 are accepted
-(``test_a_reach_probe_frees_k_from_a_stale_slow_timing``; seen on the AVX2 host).
+Every ``probe_interval`` steps with k > 0 a request asks once for 2k + 1 drafts (within the
+explored k: a reach probe), so sizes above its choice are timed again: one slow timing (a busy
+machine, an early stop) otherwise kept a larger k looking dear and untimed, drafting 1-3 tokens
+where 6 are accepted (``test_a_reach_probe_frees_k_from_a_stale_slow_timing``).
 
-Plain decoding is the yardstick, so its cost is measured before anything is compared with
-it: while no step of ``batch_size`` tokens has been timed, ``choose_k`` returns 0 (a plain
-step, which costs nothing against plain decoding). Without that, a controller that drafted
-from its first step never timed a 1-token step; it scaled the plain cost down from its
-cheapest multi-token step by the prior slope, so on a CPU, where each extra verify token
-costs 10-20 %, k = 1 looked nearly free and it kept verifying k = 1 drafts that were
-rarely accepted (``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
+Plain decoding is the yardstick: while no step of ``batch_size`` tokens has been timed,
+``choose_k`` returns 0. Otherwise the plain cost was scaled down from the cheapest multi-token
+step by the prior slope, and on a CPU (10-20 % a verify token) k = 1 looked nearly free
+(``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
 """
 
 from __future__ import annotations
@@ -96,6 +93,7 @@ from specserve.spec_decode import verify_costs
 from specserve.spec_decode.decayed_counts import ConfidenceCounts, PrefixCounts
 from specserve.spec_decode.drafting_runs import DraftingRuns, ProbeState
 
+DRAFTING_MARGIN = 0.03  # what k = 0 must gain over drafting for a drafting request to stop
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
 _PRIOR_CONFIDENT, _PRIOR_ACCEPT_CONFIDENT, _PRIOR_ACCEPT_UNSURE = 0.8, 0.8, 0.4
 
@@ -354,10 +352,13 @@ class KController:
             return 0
         return max(0, min(self.k_max, 2 * max(measured) // batch_size - 1))
 
-    def best_k(self, request_id: str, batch_size: int = 1) -> int:
-        """argmax_k rate(k) over 0..explored_k (ties go to the smaller k)."""
+    def best_k(self, request_id: str, batch_size: int = 1, drafting: bool = False) -> int:
+        """argmax_k rate(k) over 0..explored_k (ties: the smaller k); ``drafting`` (it drafted
+        last step): k = 0 only if it beats every k > 0 by :data:`DRAFTING_MARGIN`."""
         limit = self.explored_k(batch_size)
         rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
+        if drafting and limit > 0:
+            rates[0] /= 1.0 + DRAFTING_MARGIN
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     def choose_k(self, request_id: str, batch_size: int = 1) -> int:
@@ -371,7 +372,7 @@ class KController:
         return k
 
     def _choose(self, state: ProbeState, request_id: str, batch_size: int) -> int:
-        k = self.best_k(request_id, batch_size)
+        k = self.best_k(request_id, batch_size, drafting=bool(state.run))
         state.probing = False
         first, state.started = not state.started, True
         if first and k == 0 and self.k_max > 0:

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from specserve.spec_decode import k_controller
 from specserve.spec_decode.k_controller import KController
 
 
@@ -214,7 +215,9 @@ def test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more() -
     # from them by the prior slope, made k = 1 look nearly free, and the controller verified
     # rejected k = 1 drafts to the end (0.92x of plain over 48 tokens here). Timing plain
     # first gave 0.97x; exploring step sizes before trusting them and backing probes off, 0.98x.
-    assert _decode_rejected_drafts(KController(8), 48) >= 0.98
+    # The drafting margin (test_a_drafting_request_keeps_drafting_on_a_near_tie) drafts a step
+    # or two longer here before turning plain: 0.983x -> 0.978x over 48 tokens, 0.995x over 400.
+    assert _decode_rejected_drafts(KController(8), 48) >= 0.975
     assert _decode_rejected_drafts(KController(8), 400) >= 0.99
 
 
@@ -313,7 +316,7 @@ def test_requests_start_with_a_probe_and_the_backoff_the_last_probe_left() -> No
     assert _probe_gaps(c, 2, 0) == [0, 7]
 
 
-@pytest.mark.parametrize(("catch_up_s", "gaps"), [(0.0, [0, 3, 3, 3, 3]), (0.6, [0, 3, 7, 15, 31])])
+@pytest.mark.parametrize(("catch_up_s", "gaps"), [(0.0, [0, 3, 3, 3, 3]), (0.6, [0, 3, 3, 7, 15])])
 def test_probe_runs_are_judged_by_their_measured_time_catch_up_included(
     catch_up_s: float, gaps: list[int]
 ) -> None:
@@ -321,7 +324,9 @@ def test_probe_runs_are_judged_by_their_measured_time_catch_up_included(
     # where each drafting run's first two steps are accepted and the rest rejected: the runs
     # beat plain decoding, and the probes come every 4 plain steps. If a draft model first
     # catches up over the plain steps since its last draft (0.6 s, three plain steps), a
-    # probe's run loses, and the probes back off although their drafts were accepted.
+    # probe's run loses, and the probes back off although their drafts were accepted (from the
+    # second probe: the start's run, kept drafting on near ties by the drafting margin, is long
+    # enough to pay for one catch-up).
     c = KController(8, probe_interval=4, max_probe_backoff=8)
     c.record_cost(0.0, 0, 0.2, 1)
     c.record_cost(0.04, 2, 0.22, 3)
@@ -458,3 +463,31 @@ def test_a_reach_probe_frees_k_from_a_stale_slow_timing() -> None:
         ks.append(k)
     assert ks[4:16] == [1] * 12  # stuck: sizes above 3 untimed, k = 1 looks best
     assert max(ks[16:]) == 8 and ks[-1] >= 5
+
+
+def test_a_drafting_request_keeps_drafting_on_a_near_tie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that drafted at its last step turns plain only if plain decoding beats its
+    best k > 0 by more than DRAFTING_MARGIN: plain steps teach the estimates nothing, and a
+    near tie after one rejected draft (an answer's opening words) left a request plain for
+    probe_interval steps where drafting paid (seen live on the AVX2 host)."""
+
+    def after_a_rejected_start(margin: float) -> tuple[KController, int]:
+        monkeypatch.setattr(k_controller, "DRAFTING_MARGIN", margin)
+        c = KController(8, probe_interval=100)
+        c.record_cost(0.0, 0, 0.2, 1)
+        assert c.choose_k("r") == 1  # the prior's acceptance pays: the request drafts
+        c.observe("r", 1, 0)  # and its first draft is rejected
+        # a 2-token step priced so that drafting one token is 1 % slower than plain decoding
+        c.record_cost(0.0, 1, 0.2 * c.expected_tokens("r", 1) / 0.99, 2)
+        best = max(c.rate("r", k) for k in range(1, c.explored_k() + 1))
+        assert 0.97 * c.rate("r", 0) < best < c.rate("r", 0)
+        return c, c.choose_k("r")
+
+    c, k = after_a_rejected_start(k_controller.DRAFTING_MARGIN)
+    assert k > 0  # within the margin: it drafts on, and the next verify updates its estimates
+    for _ in range(6):  # drafts keep being rejected: the estimates fall below the margin
+        c.observe("r", k, 0)
+        c.record_cost(0.0, k, c.verify_cost(k + 1), k + 1)
+        k = c.choose_k("r")
+    assert k == 0
+    assert after_a_rejected_start(0.0)[1] == 0  # without the margin: plain at once
