@@ -357,7 +357,7 @@ class KController:
         last step): k = 0 only if it beats every k > 0 by :data:`DRAFTING_MARGIN`."""
         limit = self.explored_k(batch_size)
         rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
-        if drafting and limit > 0:
+        if drafting:
             rates[0] /= 1.0 + DRAFTING_MARGIN
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
