@@ -19,7 +19,9 @@ the int8 kernel's 16-lane (AVX-512F) and 8-lane (AVX2) variants alternating
 prefetch (``SPECSERVE_SWEEP_PREFETCH``), with ``--switch l2`` into which cache they prefetch
 (``SPECSERVE_PREFETCH_L2``: L2 or L1), with ``--switch distance`` how far ahead the runs
 over one tile at a time (4 or more rows) prefetch (``SPECSERVE_ONE_TILE_PREFETCH``: 6 KiB, or
-the 1 / 2 KiB of the int4 / int8 kernels' other runs), or with ``--switch layout`` the two
+the 1 / 2 KiB of the int4 / int8 kernels' other runs), with ``--switch avx2-prefetch``
+whether the AVX2 int4 kernel on int8 activations prefetches its weights at all
+(``SPECSERVE_AVX2_PREFETCH``), or with ``--switch layout`` the two
 packings of their weights (each group's constants inline in its tile's stream, as loaded,
 or apart in their own tensor: the same codes and constants), medians of ``--rounds``; the two
 settings give identical logits. ``--switch amx`` alternates the int4 and six-bit matmuls on
@@ -43,6 +45,7 @@ int8 activations too).
     python benchmarks/int8_group_kernel.py --part step --switch amx --rounds 5 \
         --model qwen2.5-coder-0.5b-instruct --max-new 16
     python benchmarks/int8_group_kernel.py --part step --switch distance --rounds 25
+    python benchmarks/int8_group_kernel.py --part step --switch avx2-prefetch --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch codes --rounds 25
     python benchmarks/int8_group_kernel.py --part step --switch superblocks --rounds 15
     python benchmarks/int8_group_kernel.py --part step --switch int4-superblocks --rounds 80 \
@@ -200,6 +203,7 @@ SWITCHES = {
         "as far as the others",
     ),
     "int8-x": ("SPECSERVE_INT8_ACTIVATIONS", "int8 activations", "bf16 activations"),
+    "avx2-prefetch": ("SPECSERVE_AVX2_PREFETCH", "int4 x8 prefetch", "no int4 x8 prefetch"),
 }
 
 
@@ -506,7 +510,8 @@ def main() -> int:
         choices=["gguf", "int4"],
         default="gguf",
         help="--part step: the model's weight format (int4: the int4 format's groups of 64, "
-        "re-quantised from the file; only --switch int8-x, amx, sweep, l2 and distance apply)",
+        "re-quantised from the file; only --switch int8-x, amx, sweep, l2, distance and "
+        "avx2-prefetch apply)",
     )
     ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 5, 8, 16], help="values of M")

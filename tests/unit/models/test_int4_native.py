@@ -237,14 +237,20 @@ def test_batch_invariance_is_bit_exact(n: int, k: int, gs: int, inline: bool) ->
 
 @native
 @pytest.mark.parametrize(
-    "switch", ["SPECSERVE_SWEEP_PREFETCH", "SPECSERVE_ONE_TILE_PREFETCH", "SPECSERVE_PREFETCH_L2"]
+    "switch",
+    [
+        "SPECSERVE_SWEEP_PREFETCH",
+        "SPECSERVE_ONE_TILE_PREFETCH",
+        "SPECSERVE_PREFETCH_L2",
+        "SPECSERVE_AVX2_PREFETCH",
+    ],
 )
 def test_prefetch_switches_change_no_bit(monkeypatch: pytest.MonkeyPatch, switch: str) -> None:
     """Where the kernels prefetch moves reads only: the sweep of the 2- and 3-row kernels, on
     (the default) or off, and the distance of the one-tile runs (4 or more rows, the last
-    tiles of fewer), far (the default) or as the others', and the cache level the lines go
-    to (L2 by default on AVX-512, or L1), give the same bits on every path, in both
-    layouts."""
+    tiles of fewer), far (the default) or as the others', the cache level the lines go
+    to (L2 by default on AVX-512, or L1), and on AVX2 whether the kernel on int8 activations
+    prefetches at all, give the same bits on every path, in both layouts."""
     gen = torch.Generator().manual_seed(5)
     for (n, k, gs), inline in itertools.product(
         ((16 * 29 + 9, 1536, 32), (16 * 9, 512, 64)), (True, False)

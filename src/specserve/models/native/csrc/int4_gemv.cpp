@@ -126,6 +126,11 @@ constexpr int64_t kSuperHeader = 4;  // d / e, then one six-bit unit of codes
 constexpr int64_t kSuperBlocks = kSuperHeader + kSuperSize / kBlockK;
 #ifdef SPECSERVE_INT4_AVX2
 constexpr int64_t kMaxRows = 5;     // rows of x per register block
+// Bytes ahead in each tile's stream of the kernels on int8 activations (run_block_x8): 2048
+// when two tiles are read at once (one row), kPrefetchOneTile when one is (several rows), as
+// the int8-group kernel's AVX2 path prefetches; SPECSERVE_AVX2_PREFETCH=0 turns it off.
+constexpr int64_t kPrefetch = 2048;
+constexpr int64_t kPrefetchOneTile = 6144;
 #else
 constexpr int64_t kMaxRows = 8;     // rows of x per register block
 constexpr int64_t kPrefetch = 1024; // bytes ahead in each tile's stream (several tiles at once)
@@ -157,7 +162,8 @@ struct Problem {
   bool out_f32;
   bool sweep;              // AVX-512: the sweep prefetch (sweep_start in simd.h)
   bool l2;                 // prefetch into L2, not L1 (prefetch_l2 in simd.h)
-  int64_t one_tile_distance;  // AVX-512: prefetch distance of one-tile runs (one_tile_prefetch)
+  int64_t one_tile_distance;  // prefetch distance of one-tile runs (one_tile_prefetch)
+  int64_t tiles_distance = 0; // AVX2: of runs over several tiles (0: no prefetch)
   bool inline_constants;   // each group's constants follow its code blocks in qweight
   bool super_constants;    // superblock constants (super_form 3), 8 groups a superblock
   int64_t M, N, K, ngroups, blocks_per_group;
@@ -1058,6 +1064,10 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
   const int64_t nsub = p.K / specserve_native::kInt8XGroup;
   const int64_t subs = p.blocks_per_group / kSubBlocks;
 
+  // Each tile's own stream prefetched pf bytes ahead (0: not at all). Not in a sweep: a
+  // gguf 1.5B decode step (two tiles at once) was slower with it, alternating in one process.
+  const int64_t pf = NT == 1 ? p.one_tile_distance : p.tiles_distance;
+  const char* ahead = nullptr;
   const uint8_t* w[NT];
   const uint16_t* sc[NT];
 #pragma GCC unroll 16
@@ -1112,7 +1122,10 @@ void run_block_x8(const Problem& p, int64_t tile0, int h0, int64_t m0) {
             }
         }
 #pragma GCC unroll 16
-        for (int t = 0; t < NT; ++t) w[t] += kBlockBytes;
+        for (int t = 0; t < NT; ++t) {
+          if (pf > 0) specserve_native::prefetch_line(ahead, w[t], pf, p.l2);
+          w[t] += kBlockBytes;
+        }
       }
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) {
@@ -1441,8 +1454,11 @@ void int4_matmul(const uint16_t* x, int64_t M, const PackedWeight& w, void* out,
   p.l2 = specserve_native::prefetch_l2();
 #ifdef SPECSERVE_INT4_AVX512
   p.one_tile_distance = specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch;
-#else
-  p.one_tile_distance = 0;  // the AVX2 kernels do not prefetch
+#else  // only the kernels on int8 activations prefetch (run_block_x8)
+  const bool fetch = specserve_native::avx2_prefetch();
+  p.one_tile_distance =
+      fetch ? (specserve_native::one_tile_prefetch() ? kPrefetchOneTile : kPrefetch) : 0;
+  p.tiles_distance = fetch ? kPrefetch : 0;
 #endif
   p.M = M;
   p.N = w.N;

@@ -41,6 +41,14 @@ inline bool one_tile_prefetch() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Whether the AVX2 int4 kernel on int8 activations prefetches its weights (the default) or
+// leaves them to the hardware prefetcher (SPECSERVE_AVX2_PREFETCH=0). Read on every call, like
+// sweep_prefetch(); only reads move, never the outputs.
+inline bool avx2_prefetch() {
+  const char* v = std::getenv("SPECSERVE_AVX2_PREFETCH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // Where a kernel run over the NT tiles from tile0 of a packed weight (ntiles tiles of
 // tile_bytes each from qweight, contiguous) prefetches. The 2- and 3-row kernels read two tiles
 // at once: two streams a tile apart, which memory serves more slowly than one
