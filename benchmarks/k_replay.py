@@ -16,6 +16,12 @@ controller, as a server would see them.
     python benchmarks/k_replay.py --draft-weights int4 --output traces.json   # record
     python benchmarks/k_replay.py --traces traces.json                         # replay only
     python benchmarks/k_replay.py --traces traces.json --thresholds 0,0.3,0.5  # confidence stop
+    python benchmarks/k_replay.py --traces traces.json --cold   # no step times at start
+    python benchmarks/k_replay.py --traces traces.json --per-prompt [--cold]
+
+The adaptive controller starts with the recorded step times, as a server's does
+(``spec_decode/warm_start.py``); ``--cold`` replays it without them. ``--per-prompt`` gives
+each prompt a new controller, as ``specserve perf``'s adaptive arms decode each prompt.
 
 Recording loads two models (a few minutes on 2 cores): run it alone on the machine.
 """
@@ -32,6 +38,7 @@ from typing import Any
 from specserve.bench.suites import get_suite
 from specserve.config import WEIGHT_FORMATS
 from specserve.dtypes import torch_dtype
+from specserve.spec_decode import warm_start
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
 from specserve.spec_decode.proposer import CATCH_UP_STEADY
@@ -134,9 +141,13 @@ def replay_all(
     controller_kwargs: dict[str, Any],
     threshold: float = 0.0,
     catch_up_ms: float | None = None,
+    cold: bool = False,
+    per_prompt: bool = False,
 ) -> dict[str, tuple[float, float]]:
     """Print the per-prompt table for one confidence threshold; returns, per suite, the
-    geomean speedup of the adaptive controller and of the best fixed k."""
+    geomean speedup of the adaptive controller and of the best fixed k. The controller
+    starts with the recorded step times (``spec_decode/warm_start.py``), or with ``cold``
+    with none; one controller for all prompts, or with ``per_prompt`` a new one for each."""
     c = data["costs"]
     # A forward over more tokens never takes less time; the recorded medians can dip (timing
     # noise), which would hand small fixed k a verify cheaper than a plain step.
@@ -150,7 +161,14 @@ def replay_all(
         f"{1000 * costs.draft_token_s:.1f} ms per token, catch-up "
         f"{1000 * costs.catch_up_token_s:.1f} ms per token after k = 0 steps"
     )
-    controller = KController(k_max, confidence_stop=threshold > 0, **controller_kwargs)
+
+    def new_controller() -> KController:
+        controller = KController(k_max, confidence_stop=threshold > 0, **controller_kwargs)
+        if not cold:  # as a server starts: the target's step times measured at start
+            warm_start.seed(controller, costs.verify_s)
+        return controller
+
+    controller = new_controller()
     fixed = list(range(1, k_max + 1))
     summary: dict[str, tuple[float, float]] = {}
     print(f"\nconfidence threshold {threshold:g}")
@@ -171,6 +189,8 @@ def replay_all(
                 k: base / replay(runs, k, costs, confidences=conf, threshold=threshold).tpot_s
                 for k in fixed
             }
+            if per_prompt:
+                controller = new_controller()
             auto = replay(
                 runs, controller, costs, f"{suite}-{name}", confidences=conf, threshold=threshold
             )
@@ -223,6 +243,16 @@ def main() -> int:
         help="a draft's catch-up per committed token after k = 0 steps (default: as recorded; "
         "0 for traces recorded without it)",
     )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="replay a controller that starts with no step times (before the warm start)",
+    )
+    ap.add_argument(
+        "--per-prompt",
+        action="store_true",
+        help="a new controller for each prompt (as specserve perf's adaptive arms decode)",
+    )
     args = ap.parse_args()
     if args.traces:
         with open(args.traces) as f:
@@ -234,7 +264,10 @@ def main() -> int:
                 json.dump(data, f)
     k_max = min(args.k_max, len(data["costs"]["verify_s"]) - 1)
     thresholds = [float(t) for t in args.thresholds.split(",")]
-    results = {t: replay_all(data, k_max, {}, t, args.catch_up_ms) for t in thresholds}
+    results = {
+        t: replay_all(data, k_max, {}, t, args.catch_up_ms, args.cold, args.per_prompt)
+        for t in thresholds
+    }
     if len(thresholds) > 1:
         print("\n| confidence threshold | " + " | ".join(data["traces"]) + " |")
         print("|---|" + "---|" * len(data["traces"]))

@@ -4,6 +4,7 @@ size the KV cache, and pick the proposer and k controller the :class:`SpecConfig
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -23,6 +24,7 @@ from specserve.models.decoder import DecoderLM
 from specserve.models.layer_drop import keep_first_layers
 from specserve.models.medusa import MedusaHeads
 from specserve.models.native import fused_layer, head_screen
+from specserve.spec_decode import warm_start
 from specserve.spec_decode.draft_model import check_vocab_compatible
 from specserve.spec_decode.factory import make_proposer
 from specserve.spec_decode.k_controller import KController
@@ -189,6 +191,14 @@ def build_engine(config: EngineConfig) -> LLMEngine:
             "loaded %s %s on %s: weights %s, compute %s, decode/verify path: %s",
             role, name, config.model.device, info["weights"], info["dtype"], info["decode_path"],
         )  # fmt: skip
+    if engine.k_controller is not None and warm_start.enabled():
+        t0 = time.perf_counter()
+        seconds = warm_start.warm(engine.k_controller, target.model)
+        if seconds:
+            logger.info(
+                "k controller: target steps of 1-%d tokens timed at start in %.1f s (%s ms)",
+                len(seconds), time.perf_counter() - t0, " ".join(f"{1e3 * s:.0f}" for s in seconds),
+            )  # fmt: skip
     if draft is not None and config.spec.enabled:
         threshold = config.spec.draft_confidence_threshold
         engine.model_info["draft_confidence_threshold"] = str(threshold)

@@ -279,6 +279,7 @@ def _in_process_arms(
 ) -> list[InProcessArm]:
     """The specserve arms of one weight format, plain first; the draft's format is named in
     its arms' labels when it differs from the target's."""
+    from specserve.spec_decode import warm_start
     from specserve.spec_decode.k_controller import KController
 
     arms = [plain_arm(f"specserve {fmt} plain", tm, params, eos)]
@@ -295,8 +296,19 @@ def _in_process_arms(
             confidence_threshold=DEFAULT_DRAFT_CONFIDENCE_THRESHOLD,
         )
 
+    timed: list[float] = []  # the target's step times, measured once for every controller
+
+    def warmed(controller: KController) -> KController:
+        """``controller`` seeded with the target's step times, as a new server's is
+        (``spec_decode/warm_start.py``), unless ``SPECSERVE_K_WARM_START=0``."""
+        if warm_start.enabled():
+            if not timed:
+                timed.extend(warm_start.time_verify_steps(tm, controller.k_max + 1))
+            warm_start.seed(controller, timed)
+        return controller
+
     def adaptive():  # type: ignore[no-untyped-def]
-        return KController(8, confidence_stop=stop)
+        return warmed(KController(8, confidence_stop=stop))
 
     if "draft" in arms_wanted:
         factory = with_draft("draft")
@@ -312,7 +324,7 @@ def _in_process_arms(
                 f"specserve {fmt} ngram k=adaptive",
                 tm,
                 lambda: make_proposer("ngram", tm.cfg.vocab_size),
-                lambda: KController(8),
+                lambda: warmed(KController(8)),
                 params,
                 eos,
             )

@@ -133,3 +133,23 @@ def test_the_draft_takes_the_amx_tiles_only_for_several_rows_and_the_output_stay
     assert isinstance(draft_layer, DecoderLayer) and isinstance(target_layer, DecoderLayer)
     if draft_layer.fused is not None and target_layer.fused is not None:  # the op's last arg
         assert (draft_layer.fused.tiles_from_rows, target_layer.fused.tiles_from_rows) == (rows, 1)
+
+
+def test_an_adaptive_controller_starts_with_the_targets_step_times(smollm2, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``build_engine`` times the target's steps of 1 .. k_max + 1 tokens once, so its
+    controller drafts from the first request without climbing through untimed sizes
+    (spec_decode/warm_start.py); ``SPECSERVE_K_WARM_START=0`` keeps the cold start. The
+    output is the target's either way."""
+    prompt = list(smollm2.tokenizer.encode("def add(a, b):\n    return", add_special_tokens=False))
+    model = ModelConfig(model="smollm2-135m-instruct", dtype="float32")
+    plain, _ = _greedy(EngineConfig(model=model), prompt)
+    spec = SpecConfig(method="ngram", k_max=4)
+    monkeypatch.delenv("SPECSERVE_K_WARM_START", raising=False)
+    out, engine = _greedy(EngineConfig(model=model, spec=spec), prompt)
+    assert out == plain
+    controller = engine.k_controller  # type: ignore[attr-defined]
+    assert controller.explored_k() == 4
+    assert set(range(1, 6)) <= set(controller.costs.measured_by_size())
+    monkeypatch.setenv("SPECSERVE_K_WARM_START", "0")
+    cold = build_engine(EngineConfig(model=model, spec=spec))
+    assert not cold.k_controller.plain_cost_measured()  # type: ignore[union-attr]
