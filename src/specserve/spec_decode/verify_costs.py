@@ -72,6 +72,15 @@ class MeasuredCosts:
         self.draft_per_token: dict[int, float] = {}  # batch size -> seconds per draft forward
         self.verify_by_shape: dict[tuple[int, int], float] = {}  # (batch size, step size) -> s
         self._by_size: dict[int, float] | None = None  # step size -> s
+        self._seeded: set[tuple[int, int]] = set()  # shapes timed before serving, not yet live
+
+    def seed(self, num_tokens: int, seconds: float) -> None:
+        """A forward over ``num_tokens`` of one request timed before serving
+        (``warm_start.py``): its estimate until the first live step of that shape, which
+        replaces it (a server timed at start may share the machine with another's start)."""
+        self.verify_by_shape[(1, num_tokens)] = seconds
+        self._seeded.add((1, num_tokens))
+        self._by_size = None
 
     def record(
         self,
@@ -93,6 +102,9 @@ class MeasuredCosts:
 
     def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
         old = table.get(key)
+        if key in self._seeded:  # the first live timing of a seeded shape replaces the seed
+            self._seeded.discard(key)  # type: ignore[arg-type]
+            old = None
         table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
 
     def measured_by_size(self) -> dict[int, float]:

@@ -16,9 +16,10 @@ steps took 2.4-2.8 s for the gguf 1.5B on that host, more than a short answer lo
 :func:`time_verify_steps` times those forwards once, on a scratch cache of the target (a
 short prompt of fixed token ids, then each step size on top of it, the best of ``repeats``
 timings each, logits of every row included, as a verify computes them), and :func:`seed`
-hands them to a controller as measurements of batch size 1: later steps of those sizes blend
-in as usual (``verify_costs.MeasuredCosts``), so live timings take over. The draft's cost
-is left to its first drafting step. ``SPECSERVE_K_WARM_START=0`` (read when a server starts)
+hands them to a controller as its estimates for batch size 1 until a live step of that size
+is timed, which replaces the seed (``verify_costs.MeasuredCosts.seed``: a server timed while
+another starts beside it, as the main job's two do, sees slow steps). The draft's cost is
+left to its first drafting step. ``SPECSERVE_K_WARM_START=0`` (read when a server starts)
 keeps the cold start, e.g. to compare both.
 """
 
@@ -89,7 +90,7 @@ def seed(controller: KController, seconds: Sequence[float]) -> None:
     for size, s in enumerate(seconds, start=1):
         if s <= 0:
             raise ValueError(f"a step time must be positive, got {s} for {size} tokens")
-        controller.costs.record(0.0, 0, s, size, 1)
+        controller.costs.seed(size, s)
 
 
 def warm(controller: KController, model: DecoderLM) -> list[float]:

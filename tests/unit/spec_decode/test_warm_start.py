@@ -42,11 +42,17 @@ def test_seeded_sizes_are_measured_and_explored() -> None:
         assert controller.verify_cost(size) == pytest.approx(seconds)
 
 
-def test_live_timings_blend_into_seeded_ones() -> None:
+def test_the_first_live_timing_replaces_a_seed_and_later_ones_blend() -> None:
+    """A seed timed while the machine was busy (a second server starting beside this one)
+    must not linger: the first live step of its size replaces it; after that the running
+    average works as for any measurement. Sizes not yet run keep their seeds."""
     controller = KController(4)
-    warm_start.seed(controller, [1.0, 1.1, 1.2, 1.3, 1.4])
-    controller.record_cost(0.0, 0, 2.0, 1)  # a plain step timed slower than the seed
+    warm_start.seed(controller, [2.0, 2.1, 2.2, 2.3, 2.4])
+    controller.record_cost(0.0, 0, 1.0, 1)  # the first live plain step
+    assert controller.verify_cost(1) == pytest.approx(1.0)
+    controller.record_cost(0.0, 0, 2.0, 1)  # a later one blends in
     assert 1.0 < controller.verify_cost(1) < 2.0
+    assert controller.verify_cost(3) == pytest.approx(2.2)
 
 
 def test_a_fixed_k_controller_is_left_alone_and_bad_times_are_refused() -> None:
