@@ -96,15 +96,15 @@ class MeasuredCosts:
         ``step_tokens`` (None: ``batch * num_tokens``, the longest request's padding)."""
         if num_draft_steps > 0:
             self._update(self.draft_per_token, batch, draft_s / num_draft_steps)
-        size = batch * num_tokens if step_tokens is None else step_tokens
-        self._update(self.verify_by_shape, (batch, size), verify_s)
+        shape = (batch, batch * num_tokens if step_tokens is None else step_tokens)
+        if shape in self._seeded:  # the first live timing of a seeded shape replaces the seed
+            self._seeded.discard(shape)
+            del self.verify_by_shape[shape]
+        self._update(self.verify_by_shape, shape, verify_s)
         self._by_size = None
 
     def _update(self, table: dict, key: object, value: float) -> None:  # type: ignore[type-arg]
         old = table.get(key)
-        if key in self._seeded:  # the first live timing of a seeded shape replaces the seed
-            self._seeded.discard(key)  # type: ignore[arg-type]
-            old = None
         table[key] = value if old is None else (1 - self.ema) * old + self.ema * value
 
     def measured_by_size(self) -> dict[int, float]:

@@ -83,8 +83,9 @@ def time_verify_steps(
 
 
 def seed(controller: KController, seconds: Sequence[float]) -> None:
-    """Give ``controller`` ``seconds[T - 1]`` as a measured forward over T tokens of one
-    request, for each T (a controller with a fixed k needs none and gets none)."""
+    """Give ``controller`` ``seconds[T - 1]`` as its estimate of a forward over T tokens of
+    one request, for each T, until a live step of that size replaces it (a controller with a
+    fixed k needs none and gets none)."""
     if controller.fixed_k is not None:
         return
     for size, s in enumerate(seconds, start=1):
