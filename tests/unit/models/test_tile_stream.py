@@ -1,13 +1,18 @@
 """The packed layout the int4 and int8-group kernels share (models/native/tile_stream.py):
 where a group's code blocks and constants block sit in a tile's stream, and the checks of
-both layouts. No kernel runs here."""
+both layouts (no kernel runs for these); and the matmul both kernels' modules call, run
+through each kernel where this host has it."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import pytest
 import torch
 
-from specserve.models.native import tile_stream
+from specserve.models.native import int4_native, int8_native, tile_stream
+from specserve.models.quant.int4_weight import quantize_int4
+from specserve.models.quant.int8_group import Int8GroupWeight
 
 
 @pytest.mark.parametrize(("block_k", "dtype"), [(8, torch.uint8), (4, torch.int8)])
@@ -55,3 +60,28 @@ def test_layout_checks_name_what_is_wrong() -> None:
         tile_stream.layout_k(apart, scales.float(), 32, 8)
     with pytest.raises(ValueError, match="scales must be fp16"):
         tile_stream.layout_k(apart, scales[:1], 32, 8)
+
+
+def _packed(kind: str) -> tile_stream.PackedTiles:
+    gen = torch.Generator().manual_seed(0)
+    if kind == "int4":
+        return int4_native.pack(quantize_int4(torch.randn(32, 64, generator=gen) * 0.05, 64))
+    codes = torch.randint(-128, 128, (32, 64), dtype=torch.int8, generator=gen)
+    scale = torch.rand(32, 4, generator=gen) * 0.01 + 1e-3
+    return int8_native.pack(Int8GroupWeight(codes, scale, torch.zeros(32, 4), 16))
+
+
+@pytest.mark.parametrize(("kind", "module"), [("int4", int4_native), ("int8-group", int8_native)])
+def test_matmul_takes_any_leading_shape_and_names_bad_input(kind: str, module: ModuleType) -> None:
+    """Leading dimensions flatten into rows (the same rows' results); a wrong dtype, width or
+    a scalar is a ValueError naming the kernel, raised before the kernel runs."""
+    if not module.available():
+        pytest.skip(f"native {kind} kernel: {module.unavailable_reason()}")
+    packed = _packed(kind)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    y = module.matmul(x, packed)
+    assert y.shape == (2, 3, 32)
+    assert torch.equal(y.view(6, 32), module.matmul(x.view(6, 64), packed))
+    for bad in (x.half(), torch.randn(2, 63, dtype=torch.bfloat16), torch.tensor(1.0)):
+        with pytest.raises(ValueError, match=f"{kind} matmul takes CPU bf16 / fp32 inputs"):
+            module.matmul(bad, packed)

@@ -70,7 +70,6 @@ SUPER_BLOCKS = SUPER_HEADER_BLOCKS + SUPERBLOCK // BLOCK_K
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 X8_GROUP = 32  # inputs sharing one int8 step where activations are int8 (int8_activations)
 _ENV_SWITCH = "SPECSERVE_INT4_NATIVE"
-_INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 # ---------------------------------------------------------------- packed weights ------------
@@ -251,27 +250,16 @@ def tile_constants(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
-    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``.
-
-    The result has ``x``'s dtype (fp32 inputs are rounded to bf16 first, the output stays
-    fp32). Call only after :func:`available` returned True (this checks just that the kernel
-    is loaded, not ``SPECSERVE_INT4_NATIVE``: that switch is for the callers' setup).
+    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``
+    (``PackedTiles.matmul``: fp32 inputs rounded to bf16, the result in ``x``'s dtype).
+    Call only after :func:`available` returned True (``SPECSERVE_INT4_NATIVE`` is for the callers'
+    setup).
 
     Raises:
         ValueError: wrong dtype, device or last dimension of ``x``.
         RuntimeError: the kernel is not loaded.
     """
-    k = packed.in_features
-    if x.dtype not in _INPUT_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k:
-        raise ValueError(
-            f"int4 matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
-            f"{x.dtype} {tuple(x.shape)} on {x.device}"
-        )
-    if not _kernel.loaded():
-        raise RuntimeError(f"the native int4 kernel is not loaded: {unavailable_reason()}")
-    x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y = torch.ops.specserve.int4_gemm(x2, *packed.op_args(x2.shape[0]))
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
+    return packed.matmul(x, torch.ops.specserve.int4_gemm, _kernel)
 
 
 # ---------------------------------------------------------------- load ----------------------

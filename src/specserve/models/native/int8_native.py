@@ -76,7 +76,6 @@ TILE_ROWS = tile_stream.TILE_ROWS  # output rows per tile: two 8-lane halves
 BLOCK_K = 4  # input channels per 64-byte block of a tile
 _PACK_ROW_CHUNK = 4096  # rows packed at a time (bounds the temporaries of an LM head)
 _ENV_SWITCH = "SPECSERVE_INT8_NATIVE"
-_INPUT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 class GroupWeight(Protocol):
@@ -308,27 +307,16 @@ def pack(
 
 
 def matmul(x: torch.Tensor, packed: Int8Packed) -> torch.Tensor:
-    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``.
-
-    The result has ``x``'s dtype (fp32 inputs are rounded to bf16 first, the output stays
-    fp32). Call only after :func:`available` returned True (this checks just that the kernel
-    is loaded, not ``SPECSERVE_INT8_NATIVE``: that switch is for the callers' setup).
+    """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``
+    (``PackedTiles.matmul``: fp32 inputs rounded to bf16, the result in ``x``'s dtype).
+    Call only after :func:`available` returned True (``SPECSERVE_INT8_NATIVE`` is for the callers'
+    setup).
 
     Raises:
         ValueError: wrong dtype, device or last dimension of ``x``.
         RuntimeError: the kernel is not loaded.
     """
-    k = packed.in_features
-    if x.dtype not in _INPUT_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k:
-        raise ValueError(
-            f"int8-group matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
-            f"{x.dtype} {tuple(x.shape)} on {x.device}"
-        )
-    if not _kernel.loaded():
-        raise RuntimeError(f"the native int8-group kernel is not loaded: {unavailable_reason()}")
-    x2 = x if x.dim() == 2 else x.reshape(-1, k)
-    y = torch.ops.specserve.int8_gemm(x2, *packed.op_args(x2.shape[0]))
-    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.out_features)
+    return packed.matmul(x, torch.ops.specserve.int8_gemm, _kernel)
 
 
 # ---------------------------------------------------------------- load ----------------------

@@ -8,17 +8,19 @@ blocks, so that a tile is a single stream of codes and constants (what :func:`al
 gives by default), or **apart** in their own ``[tiles, K / G, 2, 16]`` tensor, the earlier
 layout, kept so that benchmarks can run both in one process. The kernels' arithmetic is the
 same for both; only where they read the constants differs. With the constants inline, the
-``scales`` tensor handed to the kernels is empty.
+``scales`` tensor handed to the kernels is empty. :meth:`PackedTiles.matmul` is the call both
+kernels' modules make (``int4_native.matmul``, ``int8_native.matmul``): input checks, rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
 
 from specserve.models.native import huge_pages
+from specserve.models.native.availability import Availability
 
 __all__ = [
     "TILE_ROWS",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 TILE_ROWS = 16  # output rows per tile
+_INPUT_DTYPES = (torch.bfloat16, torch.float32)  # what the matmul ops take as x
 BLOCK_BYTES = 64
 
 
@@ -186,6 +189,33 @@ class PackedTiles:
             self.group_size,
             self.tile_mode(rows),
         )
+
+    def matmul(
+        self, x: torch.Tensor, op: Callable[..., torch.Tensor], kernel: Availability
+    ) -> torch.Tensor:
+        """``x # [..., K]`` (bf16 or fp32, CPU) @ this weight ``.T`` -> ``# [..., N]`` through
+        ``op`` (``int4_gemm`` / ``int8_gemm``), the kernel ``kernel`` says is loaded.
+
+        The result has ``x``'s dtype (fp32 inputs are rounded to bf16 first, the output stays
+        fp32). Only :meth:`Availability.loaded` is checked, not the kernel's switch: that is
+        for the callers' setup.
+
+        Raises:
+            ValueError: wrong dtype, device or last dimension of ``x``.
+            RuntimeError: the kernel is not loaded.
+        """
+        k = self.in_features
+        if x.dtype not in _INPUT_DTYPES or not x.is_cpu or x.dim() == 0 or x.shape[-1] != k:
+            raise ValueError(
+                f"{kernel.what} matmul takes CPU bf16 / fp32 inputs [..., {k}], got "
+                f"{x.dtype} {tuple(x.shape)} on {x.device}"
+            )
+        if not kernel.loaded():
+            reason = kernel.unavailable_reason()
+            raise RuntimeError(f"the native {kernel.what} kernel is not loaded: {reason}")
+        x2 = x if x.dim() == 2 else x.reshape(-1, k)
+        y = op(x2, *self.op_args(x2.shape[0]))
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def __post_init__(self) -> None:
         q, r = self.qweight, self.row_scale
