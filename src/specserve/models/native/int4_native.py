@@ -252,8 +252,8 @@ def tile_constants(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
 def matmul(x: torch.Tensor, packed: Int4Packed) -> torch.Tensor:
     """``x # [..., K]`` (bf16 or fp32, CPU) @ the packed weight ``.T`` -> ``# [..., N]``
     (``PackedTiles.matmul``: fp32 inputs rounded to bf16, the result in ``x``'s dtype).
-    Call only after :func:`available` returned True (``SPECSERVE_INT4_NATIVE`` is for the callers'
-    setup).
+    Call only after :func:`available` returned True: this checks that the kernel is loaded,
+    not ``SPECSERVE_INT4_NATIVE`` (that switch is for the callers' setup).
 
     Raises:
         ValueError: wrong dtype, device or last dimension of ``x``.
