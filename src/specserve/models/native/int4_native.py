@@ -40,7 +40,7 @@ self-test fails; callers then fall back.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -112,23 +112,6 @@ class Int4Packed(tile_stream.PackedTiles):
 
     BLOCK_K: ClassVar[int] = BLOCK_K
     CODE_DTYPE: ClassVar[torch.dtype] = torch.uint8
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    row_scale: torch.Tensor
-    out_features: int
-    group_size: int
-    in_features: int = field(init=False)
-    inline_constants: bool = field(init=False)
-    # Whether the weight may run on the AMX tiles when they are on (amx_tiles()), and from how
-    # many input rows a call on: 1 for a target's weights (rows batch invariant), more for a
-    # draft model's (fused_layer.allow_tiles).
-    tiles: bool = field(default=True, init=False)
-    tiles_from_rows: int = field(default=1, init=False)
-    # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
-    quantised_x: bool = field(default=False, init=False)
-    # Per-group int4 constants of a GGUF file's blocks: x stays bf16 (tile_stream.EXACT_X).
-    exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`, and a four-dimensional ``qweight`` is the layout

@@ -50,7 +50,7 @@ one): :func:`pack` takes any object with that weight's four attributes (:class:`
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
@@ -130,23 +130,6 @@ class Int8Packed(tile_stream.PackedTiles):
 
     BLOCK_K: ClassVar[int] = BLOCK_K
     CODE_DTYPE: ClassVar[torch.dtype] = torch.int8
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    row_scale: torch.Tensor
-    out_features: int
-    group_size: int
-    in_features: int = field(init=False)
-    inline_constants: bool = field(init=False)
-    # as Int4Packed's: whether six-bit codes may run on the AMX tiles when they are on, from
-    # how many input rows a call on
-    tiles: bool = field(default=True, init=False)
-    tiles_from_rows: int = field(default=1, init=False)
-    # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
-    quantised_x: bool = field(default=False, init=False)
-    # PackedTiles' flag for a GGUF file's per-group int4 blocks; the int8-group kernel never
-    # takes int8 activations for per-group constants, so it stays False here.
-    exact_x: bool = field(default=False, init=False)
 
     def _layout_k(self) -> tuple[int, bool]:
         """As :meth:`PackedTiles._layout_k`; a four- or five-dimensional ``qweight`` holds

@@ -15,6 +15,7 @@ kernels' modules make (``int4_native.matmul``, ``int8_native.matmul``): input ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -142,13 +143,12 @@ def exact_x_bit(modules: Iterable[object]) -> int:
     )
 
 
+@dataclass
 class PackedTiles:
-    """What the packed int4 and int8-group weights share: the checks of their tensors, their
-    code blocks and constants whichever the layout, and their size. Subclasses are dataclasses
-    with ``qweight``, ``scales``, ``row_scale``, ``out_features`` and ``group_size`` (and
-    ``in_features`` and ``inline_constants``, derived here, ``tiles``, whether the weight
-    may run on the AMX tiles, and ``tiles_from_rows``, the fewest input rows a call needs to
-    take them), and set ``BLOCK_K`` and ``CODE_DTYPE``.
+    """What the packed int4 and int8-group weights share: their fields, the checks of their
+    tensors, their code blocks and constants whichever the layout, their size and the matmul
+    call. Subclasses (dataclasses too) set ``BLOCK_K`` and ``CODE_DTYPE`` and document their
+    tensors' layouts; ``in_features`` and ``inline_constants`` are derived here.
 
     A weight with ``tiles_from_rows`` 1 (a target's) takes the tiles in every call where
     ``SPECSERVE_QUANT_AMX=1``: its rows stay batch invariant, and the switch is the user's
@@ -165,12 +165,18 @@ class PackedTiles:
     row_scale: torch.Tensor
     out_features: int
     group_size: int
-    in_features: int
-    inline_constants: bool
-    tiles: bool
-    tiles_from_rows: int
-    quantised_x: bool
-    exact_x: bool
+    in_features: int = field(init=False)
+    inline_constants: bool = field(init=False)
+    # Whether the weight may run on the AMX tiles when they are on (amx_tiles()), and from how
+    # many input rows a call on: 1 for a target's weights (rows batch invariant), more for a
+    # draft model's (fused_layer.allow_tiles).
+    tiles: bool = field(default=True, init=False)
+    tiles_from_rows: int = field(default=1, init=False)
+    # A draft model's weights: one-row calls may round x to int8 (fused_layer.set_draft).
+    quantised_x: bool = field(default=False, init=False)
+    # Per-group int4 constants of a GGUF file's blocks: x stays bf16 (EXACT_X). The
+    # int8-group kernel never takes int8 activations for per-group constants: False there.
+    exact_x: bool = field(default=False, init=False)
 
     def tile_mode(self, rows: int) -> int:
         """The ops' ``tiles`` argument for a call with ``rows`` input rows."""
