@@ -47,41 +47,35 @@ multi-token verify is dear keeps short drafts. Replays of recorded traces
 (``benchmarks/k_replay.py --thresholds``) chose this over the per-position model with the
 same stop, and over always asking for the largest explored k.
 
-k = 0 is chosen when no k > 0 is expected to beat plain decoding; where the request drafted at
-its last step, plain must win by ``DRAFTING_MARGIN`` (3 %): drafting updates the estimates,
-plain steps do not, and a near tie (a first draft of an answer's opening words rejected) had
-cost ``probe_interval`` plain steps. A request whose first decode step would be plain drafts
-one token there (a *start probe*: a draft model ran the prompt while the target prefilled it,
-so this costs a draft forward and a 2-token verify),
-so each request, a structured one after a run of prose too, gets its own look. Then every
-``probe_interval`` plain steps times the request's backoff factor it probes with a small k
-so that its estimates can recover (the text may have turned repetitive). Probes after plain
-steps are dear: a draft model first catches up over every token since its last draft, in
-forwards of up to 16 rows that are compute bound on a CPU (5-7 ms a token for the 0.5B
-draft on the AVX2 host, 12-14 % of a plain 1.5B step), so a longer interval alone does not
-make them cheaper per token.
+k = 0 is chosen when no k > 0 is expected to beat plain decoding; a request that drafted at its
+last step turns plain only if plain wins by ``DRAFTING_MARGIN`` (3 %), by ``EARLY_MARGIN`` (10 %)
+in its first ``EARLY_STEPS`` (4) drafting steps: plain steps teach the estimates nothing, and a
+rejected first draft (an answer's opening words) had cost ``probe_interval`` plain steps on a
+near tie, and stopped requests whose later drafts ran 8 tokens (replays of a slow-verify
+host's traces). A request whose first decode step would be plain drafts one token there (a
+*start probe*: its draft model ran the prompt during the prefill, so this costs a draft forward
+and a 2-token verify): each request gets its own look. Then every ``probe_interval`` plain
+steps times the request's backoff factor it probes with a small k so that its estimates can
+recover. Probes after plain steps are dear: a draft model first catches up over every token
+since its last draft (5-7 ms a token for the 0.5B draft on the AVX2 host, 12-14 % of a plain
+1.5B step), so a longer interval alone does not make them cheaper per token.
 
-The backoff factor follows each probe's *run* (``drafting_runs.py``): a run the controller
-followed that beat plain decoding, in measured time with any catch-up included, resets it to
-1; any other probe doubles it (up to ``max_probe_backoff``); a new request starts from the
-factor the latest judged run left. Reset after any accepted draft, the interval had put the
-adaptive arm 6-17 % below plain (docs/benchmarks.md, AMX host).
+The backoff factor follows each probe's *run* (``drafting_runs.py`` says how): reset after
+any accepted draft, the interval had put the adaptive arm 6-17 % below plain (AMX host).
 
 Step sizes are explored before they are trusted: k is capped so that a step is at most twice
-the largest size already timed (a request's k + 1 tokens times the batch size). The prior's
-guess for an untimed step (+2 % per token) made a 9-token verify look almost free on a CPU,
-where each extra token costs 10-20 %, and a fresh controller's first rejected drafts paid 2-3
-plain steps each. The cap reaches k = 8 within three drafting steps when drafts are accepted.
+the largest size already timed (a request's k + 1 tokens times the batch size); the prior's
++2 % a token had made a 9-token verify look almost free on a CPU (10-20 % a token). The cap
+reaches k = 8 within three drafting steps when drafts are accepted.
 
 Every ``probe_interval`` steps with k > 0 a request asks once for 2k + 1 drafts (within the
 explored k: a reach probe), so sizes above its choice are timed again: one slow timing (a busy
 machine, an early stop) otherwise kept a larger k looking dear and untimed, drafting 1-3 tokens
 where 6 are accepted (``test_a_reach_probe_frees_k_from_a_stale_slow_timing``).
 
-Plain decoding is the yardstick: while no step of ``batch_size`` tokens has been timed,
-``choose_k`` returns 0. Otherwise the plain cost was scaled down from the cheapest multi-token
-step by the prior slope, and on a CPU (10-20 % a verify token) k = 1 looked nearly free
-(``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
+Plain decoding is the yardstick: ``choose_k`` returns 0 while no step of ``batch_size`` tokens
+was timed (scaled down from a multi-token step by the prior slope, on a CPU k = 1 had looked
+nearly free: ``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
 """
 
 from __future__ import annotations
@@ -94,6 +88,7 @@ from specserve.spec_decode.decayed_counts import ConfidenceCounts, PrefixCounts
 from specserve.spec_decode.drafting_runs import DraftingRuns, ProbeState
 
 DRAFTING_MARGIN = 0.03  # what k = 0 must gain over drafting for a drafting request to stop
+EARLY_MARGIN, EARLY_STEPS = 0.10, 4  # the margin over a request's first drafting steps
 # Priors of the confidence-stop model (q, a_c, a_u in the module docstring).
 _PRIOR_CONFIDENT, _PRIOR_ACCEPT_CONFIDENT, _PRIOR_ACCEPT_UNSURE = 0.8, 0.8, 0.4
 
@@ -104,6 +99,7 @@ class _RequestState:
     acceptance: PrefixCounts = field(default_factory=PrefixCounts)  # a_i
     continuation: PrefixCounts = field(default_factory=PrefixCounts)  # c_j at index j - 1
     confidence: ConfidenceCounts = field(default_factory=ConfidenceCounts)
+    drafted: int = 0  # steps that drafted
 
 
 class KController:
@@ -200,6 +196,7 @@ class KController:
         if num_drafted == 0:
             return
         state = self._state(request_id)
+        state.drafted += 1
         self.runs.observed(request_id, state.probe, num_accepted + 1)
         if self.confidence_stop:  # the confident/unsure model replaces a_i and c_j
             state.confidence.observe(num_asked, num_drafted, num_accepted, self.decay)
@@ -354,11 +351,14 @@ class KController:
 
     def best_k(self, request_id: str, batch_size: int = 1, drafting: bool = False) -> int:
         """argmax_k rate(k) over 0..explored_k (ties: the smaller k); ``drafting`` (it drafted
-        last step): k = 0 only if it beats every k > 0 by :data:`DRAFTING_MARGIN`."""
+        last step): k = 0 only if it beats every k > 0 by :data:`DRAFTING_MARGIN`
+        (:data:`EARLY_MARGIN` before the request's :data:`EARLY_STEPS`-th drafting step)."""
         limit = self.explored_k(batch_size)
         rates = [self.rate(request_id, k, batch_size) for k in range(limit + 1)]
         if drafting:
-            rates[0] /= 1.0 + DRAFTING_MARGIN
+            state = self._requests.get(request_id)
+            early = state is not None and state.drafted < EARLY_STEPS
+            rates[0] /= 1.0 + (EARLY_MARGIN if early else DRAFTING_MARGIN)
         return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
     def choose_k(self, request_id: str, batch_size: int = 1) -> int:

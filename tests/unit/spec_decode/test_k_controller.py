@@ -288,11 +288,11 @@ def test_accepted_probes_back_off_where_drafting_does_not_pay() -> None:
 
 
 def test_requests_start_with_a_probe_and_the_backoff_the_last_probe_left() -> None:
-    # Drafting pays only when drafts are accepted: 20 ms a draft token, a 3-token verify 10 %
-    # dearer than a plain step.
+    # Drafting pays only when drafts are accepted: 30 ms a draft token, a 3-token verify 10 %
+    # dearer than a plain step (a rejected start probe then loses by more than EARLY_MARGIN).
     c = KController(8, probe_interval=4, max_probe_backoff=8)
     c.record_cost(0.0, 0, 0.2, 1)
-    c.record_cost(0.04, 2, 0.22, 3)
+    c.record_cost(0.06, 2, 0.22, 3)
     for _ in range(20):
         c.observe("r", 2, 0)
     assert _probe_gaps(c, 4, 0) == [0, 7, 15, 31]  # prose: every probe rejected
@@ -490,4 +490,35 @@ def test_a_drafting_request_keeps_drafting_on_a_near_tie(monkeypatch: pytest.Mon
         c.record_cost(0.0, k, c.verify_cost(k + 1), k + 1)
         k = c.choose_k("r")
     assert k == 0
-    assert after_a_rejected_start(0.0)[1] == 0  # without the margin: plain at once
+    monkeypatch.setattr(k_controller, "EARLY_MARGIN", 0.0)
+    assert after_a_rejected_start(0.0)[1] == 0  # without the margins: plain at once
+
+
+def test_a_request_stops_drafting_in_its_first_steps_only_on_a_clear_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Within a request's first EARLY_STEPS drafting steps plain decoding must win by
+    EARLY_MARGIN (10 %), not DRAFTING_MARGIN (3 %), for it to stop drafting: one rejected
+    opening draft had stopped requests whose later drafts ran 8 tokens (replayed traces of a
+    host whose multi-token verify was dear). Past those steps the 3 % margin decides."""
+
+    def after_a_rejected_start(early_steps: int) -> int:
+        monkeypatch.setattr(k_controller, "EARLY_STEPS", early_steps)
+        c = KController(8, probe_interval=100)
+        c.record_cost(0.0, 0, 0.2, 1)
+        assert c.choose_k("r") == 1
+        c.observe("r", 1, 0)
+        # drafting one token now 5 % slower than plain: between the two margins
+        c.record_cost(0.0, 1, 0.2 * c.expected_tokens("r", 1) / 0.95, 2)
+        best = max(c.rate("r", k) for k in range(1, c.explored_k() + 1))
+        plain = c.rate("r", 0)
+        assert (
+            plain / (1 + k_controller.EARLY_MARGIN)
+            < best
+            < plain / (1 + k_controller.DRAFTING_MARGIN)
+        )
+        return c.choose_k("r")
+
+    assert k_controller.EARLY_STEPS > 1
+    assert after_a_rejected_start(k_controller.EARLY_STEPS) > 0  # its first step: drafts on
+    assert after_a_rejected_start(1) == 0  # past its early steps: plain
