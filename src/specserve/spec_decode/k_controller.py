@@ -74,8 +74,8 @@ machine, an early stop) otherwise kept a larger k looking dear and untimed, draf
 where 6 are accepted (``test_a_reach_probe_frees_k_from_a_stale_slow_timing``).
 
 Plain decoding is the yardstick: ``choose_k`` returns 0 while no step of ``batch_size`` tokens
-was timed (scaled down from a multi-token step by the prior slope, on a CPU k = 1 had looked
-nearly free: ``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
+was timed (a plain cost scaled down from a multi-token step had made k = 1 look nearly free on
+a CPU: ``test_rejected_drafts_fall_back_to_plain_when_multi_token_steps_cost_more``).
 """
 
 from __future__ import annotations
