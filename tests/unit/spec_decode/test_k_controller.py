@@ -465,6 +465,20 @@ def test_a_reach_probe_frees_k_from_a_stale_slow_timing() -> None:
     assert max(ks[16:]) == 8 and ks[-1] >= 5
 
 
+def _after_a_rejected_start(slower: float) -> tuple[KController, float, float]:
+    """A fresh request whose first draft (one token, the prior's acceptance pays for it) was
+    rejected, then a 2-token step priced so that drafting one token is ``slower`` (0.01: 1 %)
+    slower than plain decoding; the controller, the rate of plain decoding and the best rate
+    of a k > 0."""
+    c = KController(8, probe_interval=100)
+    c.record_cost(0.0, 0, 0.2, 1)
+    assert c.choose_k("r") == 1  # the prior's acceptance pays: the request drafts
+    c.observe("r", 1, 0)  # and its first draft is rejected
+    c.record_cost(0.0, 1, 0.2 * c.expected_tokens("r", 1) / (1 - slower), 2)
+    best = max(c.rate("r", k) for k in range(1, c.explored_k() + 1))
+    return c, c.rate("r", 0), best
+
+
 def test_a_drafting_request_keeps_drafting_on_a_near_tie(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request that drafted at its last step turns plain only if plain decoding beats its
     best k > 0 by more than DRAFTING_MARGIN: plain steps teach the estimates nothing, and a
@@ -473,14 +487,8 @@ def test_a_drafting_request_keeps_drafting_on_a_near_tie(monkeypatch: pytest.Mon
 
     def after_a_rejected_start(margin: float) -> tuple[KController, int]:
         monkeypatch.setattr(k_controller, "DRAFTING_MARGIN", margin)
-        c = KController(8, probe_interval=100)
-        c.record_cost(0.0, 0, 0.2, 1)
-        assert c.choose_k("r") == 1  # the prior's acceptance pays: the request drafts
-        c.observe("r", 1, 0)  # and its first draft is rejected
-        # a 2-token step priced so that drafting one token is 1 % slower than plain decoding
-        c.record_cost(0.0, 1, 0.2 * c.expected_tokens("r", 1) / 0.99, 2)
-        best = max(c.rate("r", k) for k in range(1, c.explored_k() + 1))
-        assert 0.97 * c.rate("r", 0) < best < c.rate("r", 0)
+        c, plain, best = _after_a_rejected_start(0.01)
+        assert 0.97 * plain < best < plain
         return c, c.choose_k("r")
 
     c, k = after_a_rejected_start(k_controller.DRAFTING_MARGIN)
@@ -504,14 +512,7 @@ def test_a_request_stops_drafting_in_its_first_steps_only_on_a_clear_loss(
 
     def after_a_rejected_start(early_steps: int) -> int:
         monkeypatch.setattr(k_controller, "EARLY_STEPS", early_steps)
-        c = KController(8, probe_interval=100)
-        c.record_cost(0.0, 0, 0.2, 1)
-        assert c.choose_k("r") == 1
-        c.observe("r", 1, 0)
-        # drafting one token now 5 % slower than plain: between the two margins
-        c.record_cost(0.0, 1, 0.2 * c.expected_tokens("r", 1) / 0.95, 2)
-        best = max(c.rate("r", k) for k in range(1, c.explored_k() + 1))
-        plain = c.rate("r", 0)
+        c, plain, best = _after_a_rejected_start(0.05)  # between the two margins
         assert (
             plain / (1 + k_controller.EARLY_MARGIN)
             < best
